@@ -1,0 +1,152 @@
+"""The one run-size switch, where files go, what hardware this is, and where measured figures are recorded."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+#: The course repository; the Colab cell in lesson 00 and the README badges must use this exact URL (tested).
+REPO_URL = "https://github.com/fast-dl-course/lightning-speed-course"
+
+SIZE_ENV = "COURSE_SIZE"  # smoke | full
+DATA_ENV = "COURSE_DATA"  # unset/"torchvision" = download CIFAR-10, else an image folder <root>/<split>/<class>/*.jpg
+DATA_ROOT_ENV = "COURSE_DATA_ROOT"  # where downloads and caches go (default: the repo's data/)
+BUILD_ENV = "COURSE_BUILD"  # where executed notebooks, results and summaries go (default: the repo's build/)
+
+
+@dataclass(frozen=True)
+class RunSize:
+    """Everything that differs between a CI smoke run and the real course."""
+
+    name: str
+    train_subset: int | None  # training images used; None = all of the training split
+    eval_subset: int | None  # validation/test images used; None = all
+    epochs: int  # epochs for the lesson's main training run
+    bench_steps: int  # timed steps per throughput measurement, after warm-up
+    repeats: int  # repeated measurements per figure (median reported)
+
+
+SIZES = {
+    # smoke: every lesson in about a minute on 2 CPU cores; numbers are for checking the code, not for reading
+    "smoke": RunSize("smoke", train_subset=2048, eval_subset=1024, epochs=1, bench_steps=10, repeats=1),
+    # full: the real course; test accuracy on the whole held-out split
+    "full": RunSize("full", train_subset=None, eval_subset=None, epochs=5, bench_steps=100, repeats=3),
+}
+
+
+def run_size() -> RunSize:
+    """Read the run-size switch (env COURSE_SIZE, default full); the only place it is read."""
+    name = os.environ.get(SIZE_ENV, "full").strip().lower()
+    if name not in SIZES:
+        raise ValueError(f"{SIZE_ENV}={name!r} is not a run size; set {SIZE_ENV} to one of {sorted(SIZES)}.")
+    return SIZES[name]
+
+
+def _repo_root() -> Path | None:
+    """The source checkout this package lives in, or None when installed elsewhere (e.g. on Colab)."""
+    root = Path(__file__).resolve().parents[1]
+    return root if (root / "pyproject.toml").exists() else None
+
+
+def data_root() -> Path:
+    """Folder for downloads and caches: $COURSE_DATA_ROOT, else the repo's data/, else ./data."""
+    if os.environ.get(DATA_ROOT_ENV):
+        return Path(os.environ[DATA_ROOT_ENV]).expanduser()
+    root = _repo_root()
+    return root / "data" if root else Path("data")
+
+
+def build_dir() -> Path:
+    """Folder for executed notebooks, results and summaries: $COURSE_BUILD, else the repo's build/."""
+    if os.environ.get(BUILD_ENV):
+        return Path(os.environ[BUILD_ENV]).expanduser()
+    root = _repo_root()
+    return root / "build" if root else Path("build")
+
+
+def data_source() -> str | None:
+    """The image folder named by $COURSE_DATA, or None for torchvision's CIFAR-10 download."""
+    src = os.environ.get(DATA_ENV, "").strip()
+    return None if src in ("", "torchvision") else src
+
+
+def hardware() -> dict:
+    """What this machine is: CPU, GPU, native bf16, and library versions."""
+    import lightning
+    import torchvision
+
+    info = {
+        "cpu": _cpu_name(),
+        "cpu_cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "gpu": None,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "lightning": lightning.__version__,
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update(
+            gpu=props.name,
+            gpu_count=torch.cuda.device_count(),
+            gpu_memory_gib=round(props.total_memory / 2**30, 1),
+            compute_capability=f"{props.major}.{props.minor}",
+            bf16_native=torch.cuda.is_bf16_supported(including_emulation=False),
+            cuda=torch.version.cuda,
+        )
+    return info
+
+
+def _cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo, or platform's guess elsewhere."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def hardware_label(info: dict | None = None) -> str:
+    """A one-line name for the hardware, used under every published figure."""
+    info = info or hardware()
+    if info.get("gpu"):
+        return f"{info['gpu_count']}x {info['gpu']} (CUDA {info['cuda']})"
+    return f"CPU {info['cpu']} ({info['cpu_cores']} cores)"
+
+
+def banner(lesson: str) -> dict:
+    """Print the run size and hardware this lesson's outputs come from; the first output of every lesson."""
+    size, info = run_size(), hardware()
+    print(f"{lesson} | run size: {size.name} | hardware: {hardware_label(info)}")
+    print(f"torch {info['torch']}, torchvision {info['torchvision']}, lightning {info['lightning']}, "
+          f"python {info['python']} | data: {data_source() or 'torchvision CIFAR-10'}")
+    return {"lesson": lesson, "size": size.name, **info}
+
+
+def record(lesson: str, name: str, value: float, unit: str = "", note: str = "") -> None:
+    """Append one measured figure, with size and hardware, to build/results/<lesson>.json."""
+    path = build_dir() / "results" / f"{lesson}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = json.loads(path.read_text()) if path.exists() else []
+    rows = [r for r in rows if r["name"] != name]  # re-running a cell replaces its figure
+    rows.append({"name": name, "value": float(value), "unit": unit, "note": note, "size": run_size().name,
+                 "hardware": hardware_label(), "time": time.strftime("%Y-%m-%d %H:%M:%S")})
+    path.write_text(json.dumps(rows, indent=1))
+
+
+def load_results(lesson: str) -> list[dict]:
+    """The figures recorded for a lesson, or [] if it has not run."""
+    path = build_dir() / "results" / f"{lesson}.json"
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+__all__ = ["REPO_URL", "RunSize", "SIZES", "run_size", "data_root", "build_dir", "data_source", "hardware",
+           "hardware_label", "banner", "record", "load_results"]

@@ -1,0 +1,263 @@
+"""CIFAR-10 from torchvision's download or from any image folder, cached as uint8 tensors, behind one DataModule."""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from . import config
+
+CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)  # per-channel statistics of the CIFAR-10 training images
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+IMAGE_EXTS = {".jpg", ".jpeg", ".png"}
+IMAGE_SIZE = 32  # pixels; images of another size are resized on decode
+
+
+def list_image_folder(split_dir: str | Path) -> tuple[list[Path], list[int], list[str]]:
+    """Files, labels and class names of a <split_dir>/<class>/*.jpg|png folder; clear errors for bad layouts."""
+    split_dir = Path(split_dir)
+    if not split_dir.is_dir():
+        raise FileNotFoundError(f"Image folder {split_dir} does not exist. Check the path, or unset COURSE_DATA "
+                                f"to download CIFAR-10 instead.")
+    loose = sorted(p.name for p in split_dir.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTS)
+    classes = sorted(p.name for p in split_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if loose or not classes:
+        raise ValueError(f"Wrong layout in {split_dir}: expected one sub-folder per class holding the images "
+                         f"(<root>/<split>/<class>/*.jpg), found {len(classes)} class folders and "
+                         f"{len(loose)} loose images (e.g. {loose[:3]}). Move the images into class folders.")
+    files, labels = [], []
+    for label, name in enumerate(classes):
+        imgs = sorted(p for p in (split_dir / name).iterdir() if p.suffix.lower() in IMAGE_EXTS)
+        if not imgs:
+            raise ValueError(f"Class folder {split_dir / name} holds no .jpg/.jpeg/.png images. "
+                             f"Add images or remove the folder.")
+        files += imgs
+        labels += [label] * len(imgs)
+    return files, labels, classes
+
+
+def decode_image(path: Path) -> torch.Tensor:
+    """One image file as a (3, 32, 32) uint8 tensor; names the file if it cannot be decoded."""
+    try:
+        with Image.open(path) as im:
+            im = im.convert("RGB")
+            if im.size != (IMAGE_SIZE, IMAGE_SIZE):
+                im = im.resize((IMAGE_SIZE, IMAGE_SIZE), Image.BILINEAR)
+            arr = np.asarray(im)  # (H, W, C) uint8
+    except Exception as err:  # PIL raises several types for corrupt or truncated files
+        raise ValueError(f"Cannot decode image {path}: {err}. Delete or replace this file.") from err
+    return torch.from_numpy(arr.copy()).permute(2, 0, 1)
+
+
+def load_image_folder(split_dir: str | Path, cache_dir: str | Path | None = None, load: bool = True) -> dict | None:
+    """Decode a class-folder split once into {'images': (N,3,32,32) uint8, 'labels', 'classes'}, cached on disk.
+
+    With load=False it only makes sure the cache exists and returns None."""
+    files, labels, classes = list_image_folder(split_dir)
+    stats = [(str(f.relative_to(split_dir)), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    key = hashlib.sha1(repr((str(Path(split_dir).resolve()), stats)).encode()).hexdigest()[:16]
+    cache = Path(cache_dir or config.data_root() / "cache") / f"{Path(split_dir).name}-{key}.pt"
+    if cache.exists():
+        return torch.load(cache, weights_only=True) if load else None  # tensors and str: no pickled code runs
+    print(f"Decoding {len(files)} images from {split_dir} once into {cache} ...", flush=True)
+    images = torch.stack([decode_image(f) for f in files])
+    data = {"images": images, "labels": torch.tensor(labels, dtype=torch.long), "classes": classes}
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(f".tmp{os.getpid()}")
+    torch.save(data, tmp)
+    tmp.replace(cache)  # atomic: a crash never leaves a half-written cache
+    return data
+
+
+def load_torchvision_cifar10(root: str | Path, train: bool, mirror_url: str | None = None) -> dict:
+    """torchvision's CIFAR-10 (download with progress and md5 check on first use) as uint8 tensors."""
+    from torchvision.datasets import CIFAR10
+
+    cls = type("CIFAR10Mirror", (CIFAR10,), {"url": mirror_url}) if mirror_url else CIFAR10
+    try:
+        ds = cls(root=str(root), train=train, download=True)
+    except Exception as err:
+        raise RuntimeError(
+            f"Could not download CIFAR-10 into {root} ({type(err).__name__}: {err}). Remedies: retry later "
+            f"(the official host is often slow); pass mirror_url=<url of cifar-10-python.tar.gz> (CLI: "
+            f"--data.mirror_url); put an image folder in place and set COURSE_DATA=<folder> (layout "
+            f"<folder>/train/<class>/*.jpg); or set COURSE_DATA_ROOT to a folder that already holds "
+            f"cifar-10-batches-py/.") from err
+    images = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()  # (N, 32, 32, 3) -> (N, 3, 32, 32)
+    return {"images": images, "labels": torch.tensor(ds.targets, dtype=torch.long), "classes": list(ds.classes)}
+
+
+def augment_batch(x: torch.Tensor, pad: int = 4) -> torch.Tensor:
+    """Random crop with zero padding plus horizontal flip, vectorised over a (B, C, H, W) batch on any device."""
+    b, c, h, w = x.shape
+    dev = x.device
+    padded = torch.nn.functional.pad(x, (pad, pad, pad, pad))  # (B, C, H + 2 pad, W + 2 pad)
+    dy, dx = torch.randint(0, 2 * pad + 1, (2, b), device=dev)  # each image's crop offset
+    rows = (dy[:, None] + torch.arange(h, device=dev))[:, None, :, None]  # (B, 1, H, 1)
+    cols = (dx[:, None] + torch.arange(w, device=dev))[:, None, None, :]  # (B, 1, 1, W)
+    out = padded[torch.arange(b, device=dev)[:, None, None, None], torch.arange(c, device=dev)[None, :, None, None],
+                 rows, cols]  # (B, C, H, W)
+    flip = torch.rand(b, device=dev) < 0.5
+    return torch.where(flip[:, None, None, None], out.flip(3), out)
+
+
+def to_float(x: torch.Tensor, mean=CIFAR10_MEAN, std=CIFAR10_STD) -> torch.Tensor:
+    """uint8 (B, C, H, W) in [0, 255] to normalised float32; mean/std None leaves [0, 1]."""
+    x = x.float().div_(255)
+    if mean is None:
+        return x
+    m = torch.tensor(mean, device=x.device)[:, None, None]
+    s = torch.tensor(std, device=x.device)[:, None, None]
+    return (x - m) / s
+
+
+class ImageTensorDataset(Dataset):
+    """uint8 images in memory, normalised (and optionally augmented) a whole batch at a time."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, mean=CIFAR10_MEAN, std=CIFAR10_STD,
+                 augment: bool = False):
+        self.images, self.labels, self.mean, self.std, self.augment = images, labels, mean, std, augment
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        x, y = self.__getitems__([i])
+        return x[0], y[0]
+
+    def __getitems__(self, idx: list[int]):
+        """A whole batch at once: the DataLoader calls this instead of __getitem__ per sample."""
+        idx = torch.as_tensor(idx)
+        x = self.images[idx].float()
+        x = augment_batch(x) if self.augment else x
+        return to_float(x, self.mean, self.std), self.labels[idx]
+
+
+def _batch_as_is(batch):
+    """Collate for ImageTensorDataset: __getitems__ already returns (x, y) batches."""
+    return batch
+
+
+class EpochSampler(Sampler[int]):
+    """Shuffles with a generator seeded by (seed, epoch), so a resumed run sees the same order as an unbroken one."""
+
+    def __init__(self, n: int, seed: int = 0):
+        self.n, self.seed, self.epoch = n, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:  # Lightning calls this at the start of every epoch
+        self.epoch = epoch
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        return iter(torch.randperm(self.n, generator=g).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def split_indices(n: int, fractions: list[float], seed: int) -> list[torch.Tensor]:
+    """Seeded random split of range(n) into len(fractions)+1 parts; the last part takes the rest."""
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    sizes = [int(round(f * n)) for f in fractions]
+    if any(s == 0 for s in sizes) or sum(sizes) >= n:
+        raise ValueError(f"Cannot carve fractions {fractions} from {n} images: each part needs at least one.")
+    return list(torch.split(perm, sizes + [n - sum(sizes)]))
+
+
+class CIFAR10DataModule(L.LightningDataModule):
+    """CIFAR-10 (torchvision download) or any <root>/<split>/<class>/*.jpg folder, with seeded splits."""
+
+    def __init__(self, image_folder: str | None = None, data_dir: str | None = None, test_folder: str | None = None,
+                 mirror_url: str | None = None, batch_size: int = 64, num_workers: int = 0,
+                 pin_memory: bool = False, persistent_workers: bool = False, augment: bool = False,
+                 normalize: bool = True, mean: tuple = CIFAR10_MEAN, std: tuple = CIFAR10_STD,
+                 subset: int | None = None, eval_subset: int | None = None, val_fraction: float = 0.1,
+                 test_fraction: float = 0.1, seed: int = 0):
+        super().__init__()
+        self.save_hyperparameters()
+        self.data_dir = Path(data_dir) if data_dir else config.data_root()
+        self.classes: list[str] = []
+
+    def _load(self, split: str, load: bool = True) -> dict | None:
+        """One split's tensors from the chosen source, or None if the source has no such split."""
+        hp = self.hparams
+        if hp.image_folder is None:
+            return None if split == "val" else load_torchvision_cifar10(self.data_dir, split == "train",
+                                                                        hp.mirror_url)
+        if split != "train" and not (Path(hp.image_folder) / split).is_dir():
+            return None
+        return load_image_folder(Path(hp.image_folder) / split, self.data_dir / "cache", load=load)
+
+    def prepare_data(self) -> None:
+        """Download (torchvision) or decode into the cache (image folder), once, on one process."""
+        if self.hparams.test_folder:
+            load_image_folder(self.hparams.test_folder, self.data_dir / "cache", load=False)
+        for split in ("train", "test", "val"):
+            self._load(split, load=False)
+
+    def setup(self, stage: str | None = None) -> None:
+        """Load the tensors and carve validation/test splits from training with a seeded generator."""
+        hp = self.hparams
+        if hp.test_folder and stage in ("test", "predict"):  # grading on foreign images needs no training data
+            self.classes = (CIFAR10_CLASSES if hp.image_folder is None
+                            else list_image_folder(Path(hp.image_folder) / "train")[2])
+            self.test_set = self._dataset(self._foreign_test(hp.test_folder), hp.eval_subset)
+            return
+        train = self._load("train")
+        self.classes = train["classes"]
+        val, test = self._load("val"), self._load("test")
+        carve = ([hp.val_fraction] if val is None else []) + ([hp.test_fraction] if test is None else [])
+        parts = split_indices(len(train["labels"]), carve, hp.seed) if carve else [torch.arange(len(train["labels"]))]
+        take = lambda d, i: {"images": d["images"][i], "labels": d["labels"][i]}  # noqa: E731
+        val = val if val is not None else take(train, parts.pop(0))
+        test = test if test is not None else take(train, parts.pop(0))
+        train = take(train, parts.pop(0))
+        if hp.test_folder:
+            test = self._foreign_test(hp.test_folder)
+        self.train_set = self._dataset(train, hp.subset, augment=hp.augment)
+        self.val_set = self._dataset(val, hp.eval_subset)
+        self.test_set = self._dataset(test, hp.eval_subset)
+
+    def _foreign_test(self, folder: str) -> dict:
+        """A <folder>/<class>/*.jpg test set whose class names are mapped onto the training classes."""
+        data = load_image_folder(folder, self.data_dir / "cache")
+        unknown = sorted(set(data["classes"]) - set(self.classes))
+        if unknown:
+            raise ValueError(f"Test folder {folder} has classes {unknown} that the model was not trained on; "
+                             f"rename them to some of {self.classes}.")
+        remap = torch.tensor([self.classes.index(c) for c in data["classes"]])
+        return {"images": data["images"], "labels": remap[data["labels"]]}
+
+    def _dataset(self, d: dict, subset: int | None, augment: bool = False) -> ImageTensorDataset:
+        """Wrap a split, keeping a seeded random subset of it for small runs."""
+        images, labels = d["images"], d["labels"]
+        if subset is not None and subset < len(labels):
+            keep = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.hparams.seed))[:subset]
+            images, labels = images[keep], labels[keep]
+        mean, std = (self.hparams.mean, self.hparams.std) if self.hparams.normalize else (None, None)
+        return ImageTensorDataset(images, labels, mean, std, augment)
+
+    def _loader(self, ds: ImageTensorDataset, train: bool) -> DataLoader:
+        hp = self.hparams
+        return DataLoader(ds, batch_size=hp.batch_size, sampler=EpochSampler(len(ds), hp.seed) if train else None,
+                          num_workers=hp.num_workers, pin_memory=hp.pin_memory, collate_fn=_batch_as_is,
+                          persistent_workers=hp.persistent_workers and hp.num_workers > 0)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, train=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.test_set, train=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader(self.test_set, train=False)

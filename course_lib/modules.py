@@ -1,0 +1,101 @@
+"""ImageClassifierModule: the training system around any backbone (loss, metrics, optimiser, schedule)."""
+from __future__ import annotations
+
+import warnings
+
+import lightning as L
+import torch
+from torch import nn
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+from .models import build_model
+
+# our batches are plain (images, labels) tuples, so the module's transfer_batch_to_device is the one meant
+warnings.filterwarnings("ignore", message=".*overridden `transfer_batch_to_device`.*")
+
+
+class ImageClassifierModule(L.LightningModule):
+    """Cross-entropy classification with torchmetrics accuracy and a one-cycle schedule, for any backbone."""
+
+    def __init__(self, backbone: str | nn.Module = "lenet", num_classes: int = 10, optimizer: str = "sgd",
+                 lr: float = 0.05, momentum: float = 0.9, nesterov: bool = True, weight_decay: float = 5e-4,
+                 label_smoothing: float = 0.0, schedule: str = "onecycle", warmup_fraction: float = 0.25,
+                 class_names: list[str] | None = None):
+        super().__init__()
+        # an nn.Module backbone is not a hyperparameter: reloading a checkpoint then needs it passed again
+        self.save_hyperparameters(ignore=["backbone"] if isinstance(backbone, nn.Module) else None)
+        if optimizer not in ("sgd", "adamw") or schedule not in ("onecycle", "constant"):
+            raise ValueError(f"optimizer must be 'sgd' or 'adamw' and schedule 'onecycle' or 'constant', "
+                             f"got {optimizer!r} and {schedule!r}.")
+        self.model = backbone if isinstance(backbone, nn.Module) else build_model(backbone, num_classes=num_classes)
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+        # one metric pair per stage, so running states never mix; both accumulate on the device without syncing
+        for stage in ("train", "val", "test"):
+            setattr(self, f"{stage}_acc", MulticlassAccuracy(num_classes, average="micro", validate_args=False))
+            setattr(self, f"{stage}_loss", MeanMetric(nan_strategy="disable"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 3, H, W) -> (B, classes)
+        return self.model(x)
+
+    def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):
+        x, y = batch  # our batches are always (images, labels): skip Lightning's generic collection walk
+        return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+    def _shared_step(self, batch, stage: str) -> torch.Tensor:
+        """Loss for one batch; loss and accuracy accumulate on the device and are logged once per epoch."""
+        x, y = batch
+        logits = self(x)
+        loss = self.criterion(logits, y)
+        getattr(self, f"{stage}_acc").update(logits.detach(), y)
+        getattr(self, f"{stage}_loss").update(loss.detach(), weight=len(y))
+        return loss
+
+    def _log_epoch(self, stage: str) -> None:
+        """Log the epoch's mean loss and accuracy (one host sync per epoch; synced across processes under DDP)."""
+        acc, loss = getattr(self, f"{stage}_acc"), getattr(self, f"{stage}_loss")
+        self.log_dict({f"{stage}_loss": loss.compute(), f"{stage}_acc": acc.compute()}, prog_bar=True)
+        acc.reset()
+        loss.reset()
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        return self._shared_step(batch, "train")
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        self._shared_step(batch, "val")
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        self._shared_step(batch, "test")
+
+    def predict_step(self, batch, batch_idx: int) -> torch.Tensor:
+        return self(batch[0]).softmax(dim=-1)  # (B, classes) class probabilities
+
+    def on_train_epoch_end(self) -> None:
+        self._log_epoch("train")
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_epoch("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_epoch("test")
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        opt, sched = make_optimizer(self.parameters(), int(self.trainer.estimated_stepping_batches), hp.optimizer,
+                                    hp.lr, hp.momentum, hp.nesterov, hp.weight_decay, hp.schedule, hp.warmup_fraction)
+        if sched is None:
+            return opt
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def make_optimizer(params, total_steps: int, optimizer: str = "sgd", lr: float = 0.05, momentum: float = 0.9,
+                   nesterov: bool = True, weight_decay: float = 5e-4, schedule: str = "onecycle",
+                   warmup_fraction: float = 0.25):
+    """The optimiser and per-step LR schedule shared by the Lightning module and the plain loop."""
+    if optimizer == "sgd":
+        opt = torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
+    else:
+        opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    if schedule == "constant":
+        return opt, None
+    return opt, torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, pct_start=warmup_fraction, total_steps=total_steps)

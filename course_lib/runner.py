@@ -1,0 +1,79 @@
+"""`python -m course_lib.runner`: execute every lesson top to bottom and write build/summary.md (what `make course` runs)."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+from . import config
+
+
+def lesson_paths(folder: Path) -> list[Path]:
+    """The lesson notebooks, NN_topic.ipynb, in course order."""
+    return sorted(folder.glob("[0-9][0-9]_*.ipynb"))
+
+
+def run_lesson(path: Path, out_dir: Path, inplace: bool, timeout: int) -> dict:
+    """Execute one notebook in its own folder; save it executed; return status, wall time and figures."""
+    (config.build_dir() / "results" / f"{path.stem}.json").unlink(missing_ok=True)  # no stale figures
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}})
+    start, error = time.perf_counter(), None
+    try:
+        client.execute()
+    except CellExecutionError as err:
+        error = str(err).strip().splitlines()[-1]
+    seconds = time.perf_counter() - start
+    out_dir.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, out_dir / path.name)
+    if inplace and error is None:
+        nbformat.write(nb, path)
+    return {"lesson": path.stem, "ok": error is None, "seconds": seconds, "error": error,
+            "figures": config.load_results(path.stem)}
+
+
+def summary_markdown(rows: list[dict], size: str, hardware: str) -> str:
+    """The course summary: per lesson pass/fail, wall time and the figures it measured."""
+    lines = [f"# Course run: size {size}, {time.strftime('%Y-%m-%d %H:%M')}", "", f"Hardware: {hardware}", "",
+             "| lesson | result | wall time | figures measured |", "|---|---|---|---|"]
+    for r in rows:
+        figs = "; ".join(f"{f['name']} = {f['value']:.4g}{(' ' + f['unit']) if f['unit'] else ''}"
+                         for f in r["figures"]) or "-"
+        status = "pass" if r["ok"] else f"FAIL: {r['error']}"
+        lines.append(f"| {r['lesson']} | {status} | {r['seconds']:.0f} s | {figs} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("lessons", nargs="*", help="lesson names or numbers to run (default: all)")
+    parser.add_argument("--notebooks", default=str((config._repo_root() or Path(".")) / "notebooks"))
+    parser.add_argument("--inplace", action="store_true", help="also write outputs back into notebooks/")
+    parser.add_argument("--timeout", type=int, default=3600, help="seconds allowed per cell")
+    args = parser.parse_args(argv)
+    size, hardware = config.run_size().name, config.hardware_label()
+    paths = [p for p in lesson_paths(Path(args.notebooks))
+             if not args.lessons or any(p.stem.startswith(k) for k in args.lessons)]
+    if not paths:
+        raise SystemExit(f"No lessons matching {args.lessons or 'NN_*.ipynb'} in {args.notebooks}.")
+    print(f"Running {len(paths)} lessons, size {size}, on {hardware}", flush=True)
+    rows = []
+    for i, path in enumerate(paths, 1):
+        print(f"[{i}/{len(paths)}] {path.stem} ...", end=" ", flush=True)
+        rows.append(run_lesson(path, config.build_dir() / "notebooks", args.inplace, args.timeout))
+        print(f"{'pass' if rows[-1]['ok'] else 'FAIL'} in {rows[-1]['seconds']:.0f} s"
+              + (f": {rows[-1]['error']}" if rows[-1]["error"] else ""), flush=True)
+    summary = summary_markdown(rows, size, hardware)
+    (config.build_dir() / "summary.md").write_text(summary)
+    print("\n" + summary + f"\nExecuted notebooks and this summary are in {config.build_dir()}/")
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
