@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 
+import lightning as L
 import torch
 from torch import nn
 
@@ -59,3 +60,18 @@ def predict(model: nn.Module, loader, device: str = "cpu") -> tuple[torch.Tensor
 def confusion_matrix(preds: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
     """(true, predicted) counts as a (classes, classes) int64 tensor."""
     return torch.bincount(labels * num_classes + preds, minlength=num_classes**2).reshape(num_classes, num_classes)
+
+
+class EpochTimer(L.Callback):
+    """Wall time of each training epoch, the number lesson 02 compares with the plain loop."""
+
+    def __init__(self):
+        self.seconds: list[float] = []
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        sync(pl_module.device)
+        self._start = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        sync(pl_module.device)
+        self.seconds.append(time.perf_counter() - self._start)
