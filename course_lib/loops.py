@@ -63,15 +63,24 @@ def confusion_matrix(preds: torch.Tensor, labels: torch.Tensor, num_classes: int
 
 
 class EpochTimer(L.Callback):
-    """Wall time of each training epoch, the number lesson 02 compares with the plain loop."""
+    """Wall time of each training epoch, validation excluded: the number lesson 02 compares with the plain loop."""
 
     def __init__(self):
         self.seconds: list[float] = []
 
-    def on_train_epoch_start(self, trainer, pl_module) -> None:
+    def _now(self, pl_module) -> float:
         sync(pl_module.device)
-        self._start = time.perf_counter()
+        return time.perf_counter()
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._start, self._val = self._now(pl_module), 0.0
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._val_start = self._now(pl_module)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:  # validation inside fit: not training time
+            self._val += self._now(pl_module) - self._val_start
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        sync(pl_module.device)
-        self.seconds.append(time.perf_counter() - self._start)
+        self.seconds.append(self._now(pl_module) - self._start - self._val)

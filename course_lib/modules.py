@@ -20,8 +20,7 @@ class ImageClassifierModule(L.LightningModule):
 
     def __init__(self, backbone: str | nn.Module = "lenet", num_classes: int = 10, optimizer: str = "sgd",
                  lr: float = 0.05, momentum: float = 0.9, nesterov: bool = True, weight_decay: float = 5e-4,
-                 label_smoothing: float = 0.0, schedule: str = "onecycle", warmup_fraction: float = 0.25,
-                 class_names: list[str] | None = None):
+                 label_smoothing: float = 0.0, schedule: str = "onecycle", warmup_fraction: float = 0.25):
         super().__init__()
         # an nn.Module backbone is not a hyperparameter: reloading a checkpoint then needs it passed again
         self.save_hyperparameters(ignore=["backbone"] if isinstance(backbone, nn.Module) else None)
@@ -48,7 +47,9 @@ class ImageClassifierModule(L.LightningModule):
         logits = self(x)
         loss = self.criterion(logits, y)
         getattr(self, f"{stage}_acc").update(logits.detach(), y)
-        getattr(self, f"{stage}_loss").update(loss.detach(), weight=len(y))
+        # one value per sample gives the per-sample mean even when the last batch is smaller (weight= is dropped
+        # by MeanMetric(nan_strategy="disable") in torchmetrics 1.9, issue #3434)
+        getattr(self, f"{stage}_loss").update(loss.detach().expand(len(y)))
         return loss
 
     def _log_epoch(self, stage: str) -> None:
@@ -79,9 +80,18 @@ class ImageClassifierModule(L.LightningModule):
     def on_test_epoch_end(self) -> None:
         self._log_epoch("test")
 
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._resumed_steps = [s.get("total_steps") for s in checkpoint.get("lr_schedulers", [])]
+
     def configure_optimizers(self):
         hp = self.hparams
-        opt, sched = make_optimizer(self.parameters(), int(self.trainer.estimated_stepping_batches), hp.optimizer,
+        total = int(self.trainer.estimated_stepping_batches)
+        if getattr(self, "_resumed_steps", None) and self._resumed_steps[0] not in (None, total):
+            raise ValueError(f"The checkpoint's one-cycle schedule spans {self._resumed_steps[0]} steps but this run "
+                             f"needs {total}. Resume with the same max_epochs, batch size and data as the interrupted "
+                             f"run; to train longer, start a new run from its weights (load_from_checkpoint) or use "
+                             f"schedule='constant'.")
+        opt, sched = make_optimizer(self.parameters(), total, hp.optimizer,
                                     hp.lr, hp.momentum, hp.nesterov, hp.weight_decay, hp.schedule, hp.warmup_fraction)
         if sched is None:
             return opt

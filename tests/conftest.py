@@ -1,0 +1,78 @@
+"""Shared fixtures: the real CIFAR-10 JPEG folder, small copies of it, and per-test cache isolation."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from course_lib import config
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_CLASSES = ("airplane", "cat", "ship")
+TINY_PER_CLASS = 20
+
+
+def copy_images(src_split: Path, dst_split: Path, classes, per_class: int) -> Path:
+    """Copy the first `per_class` JPEGs of each class (mtimes kept) into dst_split/<class>/."""
+    for name in classes:
+        (dst_split / name).mkdir(parents=True, exist_ok=True)
+        for f in sorted((src_split / name).glob("*.jpg"))[:per_class]:
+            shutil.copy2(f, dst_split / name / f.name)
+    return dst_split
+
+
+@pytest.fixture(scope="session")
+def cifar_folder() -> Path:
+    """The real CIFAR-10 JPEG folder (<folder>/train/<class>/*.jpg): $COURSE_DATA, else ../shared/data/cifar10-jpeg."""
+    folder = Path(config.data_source() or Path(__file__).resolve().parents[2] / "shared/data/cifar10-jpeg")
+    if not (folder / "train").is_dir():
+        pytest.fail(f"CIFAR-10 JPEG folder {folder}/train/<class>/*.jpg not found: set COURSE_DATA=<folder> "
+                    f"to a folder laid out as <folder>/train/<class>/*.jpg.")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def make_folder(cifar_folder):
+    """Factory: make_folder(dst_split, classes, per_class) copies real JPEGs into a new class-folder split."""
+    return lambda dst_split, classes=TINY_CLASSES, per_class=TINY_PER_CLASS: copy_images(
+        cifar_folder / "train", Path(dst_split), classes, per_class)
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory, make_folder) -> Path:
+    """A <root>/train/<class>/*.jpg folder with 20 real JPEGs for each of 3 classes (treat as read-only)."""
+    root = tmp_path_factory.mktemp("tiny")
+    make_folder(root / "train")
+    return root
+
+
+@pytest.fixture(scope="session")
+def session_data_root(tmp_path_factory) -> Path:
+    """Session-wide COURSE_DATA_ROOT for caches of the small test folders."""
+    return tmp_path_factory.mktemp("course_data_root")
+
+
+# set as side effects by L.seed_everything and Trainer(deterministic=True); the notebooks' kernels must not inherit them
+LEAKY_ENV = ("PL_GLOBAL_SEED", "PL_SEED_WORKERS", "CUBLAS_WORKSPACE_CONFIG")
+
+
+@pytest.fixture(autouse=True)
+def _isolate_side_effects(monkeypatch, session_data_root, tmp_path_factory):
+    """Point caches and build outputs at tmp dirs for each test, and undo global side effects afterwards.
+
+    Everything is restored after the test, so the notebooks run later in the same session see the defaults.
+    Tests that use the big 50k folder delete COURSE_DATA_ROOT so its cache is the repo's data/cache."""
+    monkeypatch.setenv(config.DATA_ROOT_ENV, str(session_data_root))
+    monkeypatch.setenv(config.BUILD_ENV, str(tmp_path_factory.getbasetemp() / "course_build"))
+    saved_env = {k: os.environ.get(k) for k in LEAKY_ENV}
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    yield
+    torch.use_deterministic_algorithms(deterministic)
+    for key, value in saved_env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value

@@ -1,0 +1,164 @@
+"""ImageClassifierModule under a real Trainer, its metrics against hand counts, optimiser and schedule, loops."""
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from torchmetrics.classification import MulticlassAccuracy
+
+from course_lib.data import CIFAR10DataModule
+from course_lib.loops import confusion_matrix, predict
+from course_lib.modules import ImageClassifierModule, make_optimizer
+
+
+def quiet_trainer(tmp_path, **kw) -> L.Trainer:
+    """A CPU trainer that writes nothing outside tmp_path and prints little."""
+    kw = {"accelerator": "cpu", "devices": 1, "logger": False, "enable_checkpointing": False,
+          "enable_progress_bar": False, "enable_model_summary": False, "default_root_dir": tmp_path, **kw}
+    return L.Trainer(**kw)
+
+
+def test_fast_dev_run_trains_and_validates(tiny_folder, tmp_path):
+    """One train and one val batch run under Trainer(fast_dev_run=True) and change the weights."""
+    L.seed_everything(0)
+    dm = CIFAR10DataModule(image_folder=str(tiny_folder), data_dir=str(tmp_path), batch_size=16)
+    module = ImageClassifierModule("lenet", num_classes=3)
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    trainer = quiet_trainer(tmp_path, fast_dev_run=True)
+    trainer.fit(module, datamodule=dm)
+    assert trainer.state.finished
+    metrics = trainer.callback_metrics
+    assert {"train_loss", "train_acc", "val_loss", "val_acc"} <= set(metrics)
+    assert torch.isfinite(metrics["train_loss"]) and 0 <= metrics["val_acc"] <= 1
+    assert any(not torch.equal(before[k], v) for k, v in module.state_dict().items())
+
+
+def run_test_and_count_by_hand(tiny_folder, tmp_path):
+    """trainer.test's logged metrics, and accuracy and mean cross-entropy counted by hand with the same weights."""
+    L.seed_everything(1)
+    # 60 images in batches of 16 (16+16+16+12): an uneven last batch catches mean-of-batch-means mistakes
+    dm = CIFAR10DataModule(image_folder=str(tiny_folder), data_dir=str(tmp_path), batch_size=16,
+                           test_folder=str(tiny_folder / "train"))
+    module = ImageClassifierModule("simple_cnn", num_classes=3)
+    with torch.no_grad():  # a bias towards class 1 makes per-batch accuracies differ from each other
+        module.model.fc.bias.copy_(torch.tensor([0.0, 0.02, 0.0]))
+    logged = quiet_trainer(tmp_path).test(module, datamodule=dm, verbose=False)[0]
+
+    correct, loss_sum, n = 0, 0.0, 0
+    module.eval()
+    with torch.no_grad():
+        for x, y in dm.test_dataloader():
+            logits = module(x)
+            correct += (logits.argmax(dim=1) == y).sum().item()
+            loss_sum += torch.nn.functional.cross_entropy(logits, y, reduction="sum").item()
+            n += len(y)
+    assert n == 60
+    return logged, correct / n, loss_sum / n
+
+
+def test_logged_test_acc_matches_hand_count(tiny_folder, tmp_path):
+    """trainer.test's test_acc equals (argmax == y).mean() over the whole test set, counted by hand."""
+    logged, acc, _ = run_test_and_count_by_hand(tiny_folder, tmp_path)
+    assert 0 < acc < 1  # a non-trivial accuracy, so the comparison means something
+    assert logged["test_acc"] == pytest.approx(acc, abs=1e-6)
+
+
+def test_logged_test_loss_is_per_sample_mean(tiny_folder, tmp_path):
+    """trainer.test's test_loss equals the mean cross-entropy over all samples (not the mean of batch means)."""
+    logged, _, loss = run_test_and_count_by_hand(tiny_folder, tmp_path)
+    assert logged["test_loss"] == pytest.approx(loss, rel=1e-5)
+
+
+def test_multiclass_accuracy_micro_is_plain_accuracy():
+    """torchmetrics' micro MulticlassAccuracy, accumulated over uneven batches, is correct/total."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(50, 10, generator=g)
+    target = torch.randint(0, 10, (50,), generator=g)
+    target[:20] = logits[:20].argmax(dim=1)  # some known hits
+    metric = MulticlassAccuracy(10, average="micro", validate_args=False)
+    metric.update(logits[:7], target[:7])
+    metric.update(logits[7:], target[7:])
+    hits = sum(int(logits[i].argmax() == target[i]) for i in range(50))
+    assert hits >= 20
+    assert metric.compute().item() == pytest.approx(hits / 50)
+
+
+def test_predict_step_returns_probabilities(tiny_folder, tmp_path):
+    """predict_step gives (B, classes) rows that sum to one."""
+    module = ImageClassifierModule("lenet", num_classes=3)
+    probs = module.predict_step((torch.randn(5, 3, 32, 32), torch.zeros(5, dtype=torch.long)), 0)
+    assert probs.shape == (5, 3)
+    torch.testing.assert_close(probs.sum(dim=1), torch.ones(5))
+
+
+@pytest.mark.parametrize("kw", [{"optimizer": "adam"}, {"schedule": "cosine"}])
+def test_invalid_optimizer_or_schedule_raises(kw):
+    """Unknown optimizer or schedule names raise ValueError naming the bad value."""
+    with pytest.raises(ValueError, match=next(iter(kw.values()))):
+        ImageClassifierModule("lenet", **kw)
+
+
+def test_onecycle_schedule_reaches_peak_lr():
+    """The one-cycle schedule starts at lr/25, peaks at lr after the warm-up fraction, and anneals to ~0."""
+    params = [torch.nn.Parameter(torch.zeros(1))]
+    opt, sched = make_optimizer(params, total_steps=100, lr=0.05, warmup_fraction=0.25)
+    lrs = []
+    for _ in range(100):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step() if len(lrs) < 100 else None
+    assert isinstance(opt, torch.optim.SGD)
+    assert lrs[0] == pytest.approx(0.05 / 25)
+    assert max(lrs) == pytest.approx(0.05)
+    assert 20 <= lrs.index(max(lrs)) <= 26
+    assert lrs[-1] < 1e-4
+    assert all(a <= b for a, b in zip(lrs[:24], lrs[1:25])) and all(a >= b for a, b in zip(lrs[25:-1], lrs[26:]))
+
+
+def test_module_schedule_steps_per_batch(tiny_folder, tmp_path):
+    """Inside the Trainer the one-cycle LR peaks at the module's lr and is stepped every batch."""
+    seen = []
+
+    class LrProbe(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            seen.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+    dm = CIFAR10DataModule(image_folder=str(tiny_folder), data_dir=str(tmp_path), batch_size=4)
+    module = ImageClassifierModule("simple_cnn", num_classes=3, lr=0.1, warmup_fraction=0.5)
+    quiet_trainer(tmp_path, max_epochs=1, limit_val_batches=0, callbacks=[LrProbe()]).fit(module, datamodule=dm)
+    assert len(seen) == 12  # 48 training images / batch 4, one LR per step
+    assert len(set(seen)) == 12
+    assert max(seen) == pytest.approx(0.1, rel=0.05)
+    assert seen[0] == pytest.approx(0.1 / 25)
+
+
+def test_constant_schedule_returns_no_scheduler():
+    """schedule='constant' gives the optimiser alone, at the requested lr."""
+    params = [torch.nn.Parameter(torch.zeros(1))]
+    opt, sched = make_optimizer(params, total_steps=10, optimizer="adamw", lr=0.003, schedule="constant")
+    assert sched is None
+    assert isinstance(opt, torch.optim.AdamW) and opt.param_groups[0]["lr"] == 0.003
+
+
+def test_confusion_matrix_matches_hand_count():
+    """confusion_matrix[t, p] counts samples with true label t predicted as p."""
+    labels = torch.tensor([0, 0, 1, 1, 1, 2, 2, 0, 2, 1])
+    preds = torch.tensor([0, 1, 1, 1, 2, 2, 0, 0, 2, 1])
+    expected = torch.zeros(3, 3, dtype=torch.int64)
+    for t, p in zip(labels.tolist(), preds.tolist()):
+        expected[t, p] += 1
+    cm = confusion_matrix(preds, labels, 3)
+    assert cm.dtype == torch.int64 and torch.equal(cm, expected)
+    assert torch.equal(cm, torch.tensor([[2, 1, 0], [0, 3, 1], [1, 0, 2]]))
+    assert cm.trace().item() == int((preds == labels).sum())
+
+
+def test_predict_loop_returns_all_labels():
+    """loops.predict returns one prediction and one true label per sample, in loader order."""
+    torch.manual_seed(0)
+    xs, ys = torch.randn(10, 3, 32, 32), torch.arange(10) % 3
+    loader = [(xs[:4], ys[:4]), (xs[4:], ys[4:])]
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 3))
+    preds, labels = predict(model, loader)
+    assert torch.equal(labels, ys) and preds.shape == (10,)
+    assert torch.equal(preds, model(xs).argmax(dim=1))
