@@ -122,6 +122,28 @@ def hardware_label(info: dict | None = None) -> str:
     return f"CPU {info['cpu']} ({info['cpu_cores']} cores)"
 
 
+PRECISIONS = ("32-true", "16-mixed", "bf16-mixed")
+
+
+def choose_precision(requested: str | None = None, info: dict | None = None) -> str:
+    """Lightning precision for this hardware: bf16-mixed where bf16 is native or on CPU, 16-mixed on older GPUs.
+
+    An explicit request the hardware lacks raises an error that names the alternative."""
+    info = info or hardware()
+    gpu, native_bf16 = info.get("gpu"), info.get("bf16_native", False)
+    if requested is None:
+        return "bf16-mixed" if native_bf16 or not gpu else "16-mixed"
+    if requested not in PRECISIONS:
+        raise ValueError(f"Unknown precision {requested!r}; choose one of {PRECISIONS}.")
+    if requested == "bf16-mixed" and gpu and not native_bf16:
+        raise ValueError(f"{gpu} (compute capability {info.get('compute_capability')}) has no native bf16: it needs "
+                         f"compute capability 8.0 or newer. Use precision='16-mixed' (fp16 with loss scaling).")
+    if requested == "16-mixed" and not gpu:
+        raise ValueError("precision='16-mixed' (fp16 with a GradScaler) is a GPU technique and there is no CUDA GPU "
+                         "here. Use 'bf16-mixed' on the CPU, or run on a GPU.")
+    return requested
+
+
 def banner(lesson: str) -> dict:
     """Print the run size and hardware this lesson's outputs come from; the first output of every lesson."""
     size, info = run_size(), hardware()
@@ -149,4 +171,4 @@ def load_results(lesson: str) -> list[dict]:
 
 
 __all__ = ["REPO_URL", "RunSize", "SIZES", "run_size", "data_root", "build_dir", "data_source", "hardware",
-           "hardware_label", "banner", "record", "load_results"]
+           "hardware_label", "PRECISIONS", "choose_precision", "banner", "record", "load_results"]

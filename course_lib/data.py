@@ -261,3 +261,51 @@ class CIFAR10DataModule(L.LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader(self.test_set, train=False)
+
+
+class DeviceBatches:
+    """Batches sliced from tensors that already live on the device: no DataLoader, no workers, no copies."""
+
+    def __init__(self, ds: ImageTensorDataset, batch_size: int, shuffle: bool, seed: int):
+        self.ds, self.batch_size, self.shuffle = ds, batch_size, shuffle
+        self.sampler = EpochSampler(len(ds), seed)  # Lightning finds .sampler and calls set_epoch on it
+
+    def __len__(self) -> int:
+        return -(-len(self.ds) // self.batch_size)  # ceil: the last batch may be smaller
+
+    def __iter__(self):
+        n, dev = len(self.ds), self.ds.images.device
+        order = torch.tensor(list(self.sampler), device=dev) if self.shuffle else torch.arange(n, device=dev)
+        for idx in order.split(self.batch_size):
+            x = self.ds.images[idx]  # (B, C, H, W) uint8, gathered on the device
+            x = augment_batch(x.float()) if self.ds.augment else x
+            yield to_float(x, self.ds.mean, self.ds.std), self.ds.labels[idx]
+
+
+class DeviceCIFAR10DataModule(CIFAR10DataModule):
+    """CIFAR10DataModule whose whole uint8 dataset sits on the accelerator; batches are normalised and augmented there."""
+
+    def __init__(self, *args, device: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.device = device  # None: the Trainer's device, else the GPU if there is one, else the CPU
+
+    def setup(self, stage: str | None = None) -> None:
+        super().setup(stage)
+        dev = torch.device(self.device or (self.trainer.strategy.root_device if self.trainer
+                                           else "cuda" if torch.cuda.is_available() else "cpu"))
+        for name in ("train_set", "val_set", "test_set"):
+            ds = getattr(self, name, None)
+            if ds is not None:  # 50,000 images are 150 MB as uint8: one copy, then every epoch reads device memory
+                ds.images, ds.labels = ds.images.to(dev), ds.labels.to(dev)
+
+    def train_dataloader(self) -> DeviceBatches:
+        return DeviceBatches(self.train_set, self.hparams.batch_size, shuffle=True, seed=self.hparams.seed)
+
+    def val_dataloader(self) -> DeviceBatches:
+        return DeviceBatches(self.val_set, self.hparams.batch_size, shuffle=False, seed=self.hparams.seed)
+
+    def test_dataloader(self) -> DeviceBatches:
+        return DeviceBatches(self.test_set, self.hparams.batch_size, shuffle=False, seed=self.hparams.seed)
+
+    def predict_dataloader(self) -> DeviceBatches:
+        return self.test_dataloader()

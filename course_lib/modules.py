@@ -20,7 +20,8 @@ class ImageClassifierModule(L.LightningModule):
 
     def __init__(self, backbone: str | nn.Module = "lenet", num_classes: int = 10, optimizer: str = "sgd",
                  lr: float = 0.05, momentum: float = 0.9, nesterov: bool = True, weight_decay: float = 5e-4,
-                 label_smoothing: float = 0.0, schedule: str = "onecycle", warmup_fraction: float = 0.25):
+                 label_smoothing: float = 0.0, schedule: str = "onecycle", warmup_fraction: float = 0.25,
+                 channels_last: bool = False, compile: bool = False):
         super().__init__()
         # an nn.Module backbone is not a hyperparameter: reloading a checkpoint then needs it passed again
         self.save_hyperparameters(ignore=["backbone"] if isinstance(backbone, nn.Module) else None)
@@ -28,6 +29,10 @@ class ImageClassifierModule(L.LightningModule):
             raise ValueError(f"optimizer must be 'sgd' or 'adamw' and schedule 'onecycle' or 'constant', "
                              f"got {optimizer!r} and {schedule!r}.")
         self.model = backbone if isinstance(backbone, nn.Module) else build_model(backbone, num_classes=num_classes)
+        if channels_last:  # (B, H, W, C) in memory: what tensor-core convolutions read fastest
+            self.model = self.model.to(memory_format=torch.channels_last)
+        if compile:  # in place, so checkpoint keys stay those of the eager model
+            self.model.compile()
         self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
         # one metric pair per stage, so running states never mix; both accumulate on the device without syncing
         for stage in ("train", "val", "test"):
@@ -35,6 +40,8 @@ class ImageClassifierModule(L.LightningModule):
             setattr(self, f"{stage}_loss", MeanMetric(nan_strategy="disable"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 3, H, W) -> (B, classes)
+        if self.hparams.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
         return self.model(x)
 
     def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):

@@ -1,0 +1,142 @@
+"""Throughput benchmarks: train a module for N timed steps after warm-up and report images/s, step time, memory."""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import lightning as L
+import psutil
+import torch
+from lightning.fabric.utilities.throughput import Throughput
+
+from . import config
+
+FIELDS = ["name", "images_per_s", "step_ms", "peak_mem_mb", "data_wait", "warmup_s", "steps", "batch_size",
+          "precision", "device"]
+
+
+class BenchCallback(L.Callback):
+    """Times each training step, the gap before it (waiting for data) and the warm-up, and tracks peak memory."""
+
+    def __init__(self, warmup: int, steps: int, clock: Callable[[], float] = time.perf_counter):
+        if steps < 2:
+            raise ValueError(f"A benchmark needs at least 2 timed steps, got {steps}.")
+        self.warmup, self.clock = warmup, clock
+        self.step_s: list[float] = []  # timed steps only
+        self.wait_s: list[float] = []  # gap between a step's end and the next step's start, timed steps only
+        self.samples, self.peak_rss, self.warmup_s = 0, 0, 0.0
+        self.throughput = Throughput(window_size=steps)  # Lightning's images/s bookkeeping, over the timed steps
+
+    def _now(self, pl_module) -> float:
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)  # time the work, not its launch
+        return self.clock()
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._t_begin = self._prev_end = self._now(pl_module)
+        if pl_module.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(pl_module.device)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        self._t_start = self._now(pl_module)
+        self._wait = self._t_start - self._prev_end
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        end = self._now(pl_module)
+        self._prev_end = end
+        step = trainer.global_step  # already counts this step
+        if step == self.warmup:  # compilation, allocation and autotuning end up here
+            self.warmup_s, self._t0 = end - self._t_begin, end
+        elif step > self.warmup:
+            self.step_s.append(end - self._t_start)
+            self.wait_s.append(self._wait)
+            self.samples += len(batch[1])
+            self.throughput.update(time=end - self._t0, batches=len(self.step_s), samples=self.samples)
+        self.peak_rss = max(self.peak_rss, psutil.Process().memory_info().rss)
+
+
+def bench(module: L.LightningModule, datamodule: L.LightningDataModule, name: str, steps: int, warmup: int = 5,
+          precision: str = "32-true", accelerator: str = "auto", clock: Callable[[], float] = time.perf_counter,
+          **trainer_kwargs) -> dict:
+    """Train `warmup + steps` steps and return one result row (see FIELDS) for the timed steps."""
+    cb = BenchCallback(warmup, steps, clock)
+    trainer = L.Trainer(max_steps=warmup + steps, accelerator=accelerator, devices=1, precision=precision,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
+                        callbacks=[cb], **trainer_kwargs)
+    trainer.fit(module, datamodule=datamodule)
+    if len(cb.step_s) < steps:
+        raise ValueError(f"Benchmark {name!r} ran only {len(cb.step_s)} timed steps of {steps}: the training set is "
+                         f"too small for warm-up + steps; use a larger subset or fewer steps.")
+    device = module.device
+    peak = (torch.cuda.max_memory_allocated(device) if device.type == "cuda" else cb.peak_rss) / 2**20
+    return {"name": name, "images_per_s": cb.throughput.compute()["device/samples_per_sec"],
+            "step_ms": 1e3 * statistics.median(cb.step_s), "peak_mem_mb": peak,
+            "data_wait": sum(cb.wait_s) / (sum(cb.wait_s) + sum(cb.step_s)), "warmup_s": cb.warmup_s,
+            "steps": steps, "batch_size": len(next(iter(datamodule.train_dataloader()))[1]),
+            "precision": precision, "device": str(device.type)}
+
+
+def run_configs(configs: list[dict], make: Callable[[dict], tuple], steps: int, warmup: int = 5,
+                repeats: int = 1) -> list[dict]:
+    """Bench each config (`make(cfg)` -> module, datamodule); with repeats, keep the run with the median images/s."""
+    rows = []
+    for cfg in configs:
+        runs = []
+        for _ in range(repeats):
+            module, dm = make(cfg)
+            runs.append(bench(module, dm, cfg["name"], steps, warmup, cfg.get("precision", "32-true"),
+                              **cfg.get("trainer", {})))
+        runs.sort(key=lambda r: r["images_per_s"])
+        rows.append({**runs[len(runs) // 2], "repeats": repeats})
+    return rows
+
+
+def add_speedups(rows: list[dict], baseline: str) -> list[dict]:
+    """Add a `speedup` field: images/s relative to the row named `baseline`."""
+    base = next((r for r in rows if r["name"] == baseline), None)
+    if base is None:
+        raise ValueError(f"No row named {baseline!r}; rows are {[r['name'] for r in rows]}.")
+    return [{**r, "speedup": r["images_per_s"] / base["images_per_s"]} for r in rows]
+
+
+def table(rows: list[dict]) -> str:
+    """A markdown table of result rows, with the hardware named under it."""
+    cols = [c for c in FIELDS + ["speedup", "repeats"] if c in rows[0]]
+    fmt = lambda v: f"{v:,.3g}" if isinstance(v, float) else str(v)  # noqa: E731
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows]
+    return "\n".join(lines) + f"\n\nHardware: {config.hardware_label()}; size {config.run_size().name}"
+
+
+def plot_speedups(rows: list[dict], title: str):
+    """Horizontal bar chart of each row's speedup over the baseline (1.0 marked)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 0.5 + 0.45 * len(rows)))
+    ax.barh([r["name"] for r in rows][::-1], [r["speedup"] for r in rows][::-1], color="tab:blue")
+    ax.axvline(1.0, color="black", lw=1)
+    ax.set_xlabel("speedup over baseline (images/s ratio)")
+    ax.set_title(f"{title}\n{config.hardware_label()}, size {config.run_size().name}", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def save_results(rows: list[dict], lesson: str, path: str | Path | None = None) -> Path:
+    """Write rows with hardware and versions to build/results/bench-<lesson>.json; record images/s for the summary."""
+    path = Path(path or config.build_dir() / "results" / f"bench-{lesson}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"lesson": lesson, "size": config.run_size().name, "hardware": config.hardware(),
+                                "rows": rows}, indent=1))
+    for r in rows:
+        config.record(lesson, f"{r['name']} images/s", r["images_per_s"], "images/s",
+                      f"batch {r['batch_size']}, {r['precision']}, median step {r['step_ms']:.3g} ms")
+    return path
+
+
+def load_results(path: str | Path) -> dict:
+    """Read a results file written by save_results."""
+    return json.loads(Path(path).read_text())
