@@ -172,7 +172,7 @@ def split_indices(n: int, fractions: list[float], seed: int) -> list[torch.Tenso
 
 
 class CIFAR10DataModule(L.LightningDataModule):
-    """CIFAR-10 (torchvision download) or any <root>/<split>/<class>/*.jpg folder, with seeded splits."""
+    """CIFAR-10 (torchvision download), any <root>/<split>/<class>/*.jpg folder, or a saved .pt cache; seeded splits."""
 
     def __init__(self, image_folder: str | None = None, data_dir: str | None = None, test_folder: str | None = None,
                  mirror_url: str | None = None, batch_size: int = 64, num_workers: int = 0,
@@ -191,6 +191,8 @@ class CIFAR10DataModule(L.LightningDataModule):
         if hp.image_folder is None:
             return None if split == "val" else load_torchvision_cifar10(self.data_dir, split == "train",
                                                                         hp.mirror_url)
+        if str(hp.image_folder).endswith(".pt"):  # a saved tensor cache (e.g. a subset carried to a GPU machine)
+            return torch.load(hp.image_folder, weights_only=True) if split == "train" and load else None
         if split != "train" and not (Path(hp.image_folder) / split).is_dir():
             return None
         return load_image_folder(Path(hp.image_folder) / split, self.data_dir / "cache", load=load)

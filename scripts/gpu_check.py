@@ -1,0 +1,98 @@
+"""The GPU check for lessons 03-05: their bench configurations on the GPU present, in about 8 minutes, offline.
+
+    python scripts/gpu_check.py --make-subset data/carry/cifar10-15k.pt   # here: a compact real-data file (46 MB)
+    python scripts/gpu_check.py --data data/carry/cifar10-15k.pt          # on the GPU machine
+
+Writes build/results/gpu_check.json and docs/results/<gpu>.md (table, versions, hardware, the command).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from course_lib import bench, config
+from course_lib.data import CIFAR10DataModule, DeviceCIFAR10DataModule, load_image_folder
+from course_lib.modules import ImageClassifierModule
+
+TARGETS = [  # (lesson, config, baseline, required speedup): the issue's targets for an H100/H200-class GPU
+    ("03", "small CNN, GPU-resident data", "small CNN, DataLoader 8 workers", 1.5),
+    ("04", "ResNet-9 bf16-mixed", "ResNet-9 fp32", 2.0),
+    ("05", "ResNet-9 bf16 + compile + channels_last", "ResNet-9 bf16-mixed", 1.3),
+]
+
+
+def make_subset(out: Path, n: int) -> None:
+    """Save a seeded random subset of the real training images as one uint8 tensor file to carry."""
+    data = load_image_folder(Path(config.data_source() or "../shared/data/cifar10-jpeg") / "train")
+    keep = torch.randperm(len(data["labels"]), generator=torch.Generator().manual_seed(0))[:n]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"images": data["images"][keep].clone(), "labels": data["labels"][keep].clone(),
+                "classes": data["classes"]}, out)
+    print(f"wrote {n} images to {out} ({out.stat().st_size / 2**20:.0f} MiB)")
+
+
+def configs(batch: int) -> list[dict]:
+    """Lesson 03 (data pipeline), 04 (precision) and 05 (compile) configurations."""
+    resnet = {"backbone": "resnet9"}
+    return [
+        {"name": "small CNN, DataLoader 8 workers", "model": {"backbone": "simple_cnn"},
+         "data": {"num_workers": 8, "pin_memory": True, "persistent_workers": True, "augment": True}},
+        {"name": "small CNN, GPU-resident data", "model": {"backbone": "simple_cnn"}, "device_data": True,
+         "data": {"augment": True}},
+        {"name": "ResNet-9 fp32", "model": resnet, "device_data": True},
+        {"name": "ResNet-9 TF32", "model": resnet, "device_data": True, "tf32": True},
+        {"name": "ResNet-9 16-mixed", "model": resnet, "device_data": True, "precision": "16-mixed"},
+        {"name": "ResNet-9 bf16-mixed", "model": resnet, "device_data": True, "precision": "bf16-mixed"},
+        {"name": "ResNet-9 bf16 + compile + channels_last", "device_data": True, "precision": "bf16-mixed",
+         "model": {**resnet, "compile": True, "channels_last": True}},
+    ]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", help="image folder or .pt file from --make-subset (default: COURSE_DATA)")
+    p.add_argument("--make-subset", type=Path, help="write a compact subset file here and exit")
+    p.add_argument("--subset-size", type=int, default=15000)
+    p.add_argument("--batch", type=int, default=512)
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--warmup", type=int, default=10)
+    args = p.parse_args()
+    if args.make_subset:
+        make_subset(args.make_subset, args.subset_size)
+        return 0
+    source = args.data or config.data_source()
+
+    def make(cfg):
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(cfg.get("tf32"))
+        dm_cls = DeviceCIFAR10DataModule if cfg.get("device_data") else CIFAR10DataModule
+        dm = dm_cls(image_folder=source, batch_size=args.batch, **cfg.get("data", {}))
+        return ImageClassifierModule(**cfg["model"]), dm
+
+    start = time.perf_counter()
+    rows = bench.run_configs(configs(args.batch), make, steps=args.steps, warmup=args.warmup)
+    rows = bench.add_speedups(rows, rows[0]["name"])
+    speed = {r["name"]: r["images_per_s"] for r in rows}
+    lines = [f"# GPU check on {config.hardware_label()}", "", f"Command: `{' '.join(sys.argv)}`", "",
+             f"Data: {source}; batch {args.batch}; {args.warmup} warm-up + {args.steps} timed steps per row, one run "
+             f"each; total {time.perf_counter() - start:.0f} s.", "", bench.table(rows), "", "## Targets", ""]
+    for lesson, name, base, need in TARGETS:
+        got = speed[name] / speed[base]
+        lines.append(f"- lesson {lesson}: {name} / {base} = {got:.2f}x (target {need}x): "
+                     f"{'met' if got >= need else 'MISSED'}")
+    lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in config.hardware().items())]
+    gpu = config.hardware().get("gpu")
+    # without a GPU this is only a dry run of the script: keep it out of docs/, whose figures are GPU figures
+    out = Path("docs/results") / f"{gpu.replace(' ', '_')}.md" if gpu else config.build_dir() / "gpu_check-dryrun.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    bench.save_results(rows, "gpu_check")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
