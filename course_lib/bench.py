@@ -53,7 +53,8 @@ class BenchCallback(L.Callback):
         elif step > self.warmup:
             self.step_s.append(end - self._t_start)
             self.wait_s.append(self._wait)
-            self.samples += len(batch[1])
+            self.batch_size = len(batch[1])
+            self.samples += self.batch_size
             self.throughput.update(time=end - self._t0, batches=len(self.step_s), samples=self.samples)
         self.peak_rss = max(self.peak_rss, psutil.Process().memory_info().rss)
 
@@ -76,7 +77,7 @@ def bench(module: L.LightningModule, datamodule: L.LightningDataModule, name: st
     return {"name": name, "images_per_s": cb.throughput.compute()["device/samples_per_sec"],
             "step_ms": 1e3 * statistics.median(cb.step_s), "peak_mem_mb": peak,
             "data_wait": sum(cb.wait_s) / (sum(cb.wait_s) + sum(cb.step_s)), "warmup_s": cb.warmup_s,
-            "steps": steps, "batch_size": len(next(iter(datamodule.train_dataloader()))[1]),
+            "steps": steps, "batch_size": cb.batch_size,
             "precision": precision, "device": str(device.type)}
 
 

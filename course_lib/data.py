@@ -171,6 +171,9 @@ def split_indices(n: int, fractions: list[float], seed: int) -> list[torch.Tenso
     return list(torch.split(perm, sizes + [n - sum(sizes)]))
 
 
+_LOADED: dict[tuple, dict] = {}  # decoded splits, so that benchmarks building many DataModules read the disk once
+
+
 class CIFAR10DataModule(L.LightningDataModule):
     """CIFAR-10 (torchvision download), any <root>/<split>/<class>/*.jpg folder, or a saved .pt cache; seeded splits."""
 
@@ -186,7 +189,16 @@ class CIFAR10DataModule(L.LightningDataModule):
         self.classes: list[str] = []
 
     def _load(self, split: str, load: bool = True) -> dict | None:
-        """One split's tensors from the chosen source, or None if the source has no such split."""
+        """One split's tensors from the chosen source (once per process), or None if the source has no such split."""
+        key = (self.hparams.image_folder, str(self.data_dir), split)
+        if load and key in _LOADED:
+            return _LOADED[key]
+        data = self._read(split, load)
+        if load and data is not None:
+            _LOADED[key] = data  # read-only afterwards: datasets index into it, never write
+        return data
+
+    def _read(self, split: str, load: bool) -> dict | None:
         hp = self.hparams
         if hp.image_folder is None:
             return None if split == "val" else load_torchvision_cifar10(self.data_dir, split == "train",
