@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from lightning.pytorch.cli import LightningCLI
 
-from . import config
+from . import config, parallel
 from .data import CIFAR10DataModule
 from .modules import ImageClassifierModule
 
@@ -19,6 +19,11 @@ class CourseCLI(LightningCLI):
             "data.eval_subset": size.eval_subset,
             "trainer.max_epochs": size.epochs,
         })
+
+    def before_instantiate_classes(self) -> None:
+        """Asking for more GPUs than this machine has fails here, with the remedy named (see parallel.check_devices)."""
+        trainer = (self.config[self.subcommand] if self.subcommand else self.config).trainer
+        parallel.check_devices(trainer.accelerator, trainer.devices)
 
 
 def main(args: list[str] | None = None) -> CourseCLI:

@@ -283,6 +283,7 @@ class DeviceBatches:
     def __init__(self, ds: ImageTensorDataset, batch_size: int, shuffle: bool, seed: int):
         self.ds, self.batch_size, self.shuffle = ds, batch_size, shuffle
         self.sampler = EpochSampler(len(ds), seed)  # Lightning finds .sampler and calls set_epoch on it
+        self.batch_sampler = None  # Lightning inspects it to tell whether evaluation data are shuffled
 
     def __len__(self) -> int:
         return -(-len(self.ds) // self.batch_size)  # ceil: the last batch may be smaller

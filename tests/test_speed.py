@@ -112,3 +112,15 @@ def test_precision_errors_name_the_remedy():
     with pytest.raises(ValueError, match="Unknown precision"):
         config.choose_precision("fp8", GPU_NEW)
     assert config.choose_precision("32-true", CPU) == "32-true"
+
+
+def test_device_data_module_trains_validates_and_tests(dm_kwargs):
+    """The GPU-resident module works in a full Lightning fit (with validation) and test, on any device."""
+    import lightning as L
+
+    dm = DeviceCIFAR10DataModule(**dm_kwargs)
+    trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(ImageClassifierModule("simple_cnn"), datamodule=dm)
+    assert "val_acc" in trainer.callback_metrics
+    assert 0 <= trainer.test(datamodule=dm, verbose=False)[0]["test_acc"] <= 1

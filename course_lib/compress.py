@@ -1,0 +1,220 @@
+"""Model compression for CPU inference: int8 quantization with torchao (PT2E static PTQ and QAT for CNNs, dynamic and
+weight-only int8 for Linear layers through quantize_), L1 pruning with Lightning's ModelPruning, and the measurements
+that judge them (size on disk, median latency, test accuracy).
+
+Saved format: a quantized (or fp32) model is saved with `save_program`, which is `torch.export.save` of the exported
+program (a .pt2 zip archive: graph, int8 weights, scales); `load_program` is `torch.export.load(path).module()`.
+No pickled Python code runs on load.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from lightning.pytorch.callbacks import ModelPruning
+from torch import nn
+from torchao.quantization.pt2e import allow_exported_model_train_eval, move_exported_model_to_eval
+from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e, prepare_qat_pt2e
+from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+    X86InductorQuantizer, get_default_x86_inductor_quantization_config)
+
+#: the batch dimension stays symbolic in every exported graph, so one program serves batch 1 and batch 64
+BATCH = torch.export.Dim("batch", min=1, max=4096)
+#: exporting with a batch of 1 would specialise the graph to 1; two images keep the dimension symbolic
+EXAMPLE_BATCH = 2
+CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
+
+
+def example_input(batch: int = EXAMPLE_BATCH, shape=(3, 32, 32)) -> torch.Tensor:
+    """A random (batch, C, H, W) float input for tracing; the values do not matter, only shape and dtype."""
+    return torch.randn(batch, *shape, generator=torch.Generator().manual_seed(0))
+
+
+def export(model: nn.Module, example: torch.Tensor | None = None) -> torch.export.ExportedProgram:
+    """torch.export of `model` as it is (train or eval mode), with a dynamic batch dimension."""
+    example = example_input() if example is None else example
+    return torch.export.export(model, (example,), dynamic_shapes=({0: BATCH},))
+
+
+def x86_quantizer(is_qat: bool = False) -> X86InductorQuantizer:
+    """Static int8 recipe for x86 CPUs: per-channel symmetric int8 weights, per-tensor uint8 activations.
+
+    Max-pools stay in fp32. torchao 0.18's Inductor weight-prepack pass stops with an AssertionError (in `qconv`,
+    postop_name) on a quantized max-pool that feeds a residual add, as in ResNet9; unquantized max-pools avoid it
+    at the cost of one dequantize/quantize pair around each pool."""
+    quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config(is_qat=is_qat))
+    return quantizer.set_module_type_qconfig(nn.MaxPool2d, None)
+
+
+def drop_unused_attributes(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Delete parameters and buffers the graph no longer reads (convert_pt2e leaves the fp32 weights behind)."""
+    used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+    for name in [n for n, _ in gm.named_parameters()] + [n for n, _ in gm.named_buffers()]:
+        if name not in used and not any(u.startswith(name + ".") for u in used):
+            owner, _, leaf = name.rpartition(".")
+            module = gm.get_submodule(owner) if owner else gm
+            delattr(module, leaf)
+    gm.delete_all_unused_submodules()
+    return gm
+
+
+@torch.no_grad()
+def quantize_ptq(model: nn.Module, calibration, example: torch.Tensor | None = None) -> torch.fx.GraphModule:
+    """Post-training static int8: export, insert observers, run the calibration batches, convert.
+
+    `calibration` is an iterable of input batches (B, C, H, W). Returns the converted GraphModule: int8 weights and
+    quantize/dequantize ops around each conv and linear. Run eagerly it computes in fp32 (a reference that is
+    slower than the original); `compile_for_cpu` lowers it to oneDNN int8 kernels."""
+    exported = export(copy.deepcopy(model).eval(), example).module()
+    prepared = prepare_pt2e(exported, x86_quantizer())
+    for x in calibration:  # observers record each activation's range
+        prepared(x)
+    return drop_unused_attributes(convert_pt2e(prepared))
+
+
+def prepare_qat(model: nn.Module, example: torch.Tensor | None = None) -> torch.fx.GraphModule:
+    """Quantization-aware training: export in train mode and insert fake-quantize ops (int8 rounding in the forward,
+    straight-through gradients in the backward; BatchNorm is folded into the conv weights it follows).
+
+    The result trains like any module and can be the backbone of ImageClassifierModule: its .train()/.eval() switch
+    the graph's BatchNorm between batch and running statistics (an exported graph has no modes of its own)."""
+    exported = export(copy.deepcopy(model).train(), example).module()
+    return allow_exported_model_train_eval(prepare_qat_pt2e(exported, x86_quantizer(is_qat=True)))
+
+
+def convert_qat(prepared: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A QAT-trained graph to the same int8 form quantize_ptq gives."""
+    prepared = copy.deepcopy(prepared)
+    move_exported_model_to_eval(prepared)
+    return drop_unused_attributes(convert_pt2e(prepared))
+
+
+def quantize_linear_int8(model: nn.Module, mode: str = "dynamic") -> nn.Module:
+    """int8 Linear layers through torchao.quantization.quantize_ (convolutions stay fp32), on a copy.
+
+    mode "dynamic": int8 weights, activations quantized per row at run time, int8 matrix products;
+    mode "weight_only": int8 weights dequantized on the fly, fp32 products (saves memory, not arithmetic)."""
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
+
+    configs = {"dynamic": Int8DynamicActivationInt8WeightConfig, "weight_only": Int8WeightOnlyConfig}
+    if mode not in configs:
+        raise ValueError(f"mode must be one of {sorted(configs)}, got {mode!r}.")
+    model = copy.deepcopy(model).eval()
+    quantize_(model, configs[mode](), filter_fn=lambda m, fqn: isinstance(m, nn.Linear))
+    return model
+
+
+class _FrozenCompiled:
+    """A torch.compile'd model whose (re)compilations run with Inductor's freezing on: weights become constants,
+    which is what lets the x86 passes pre-pack int8 weights and fuse quantize ops into oneDNN kernels."""
+
+    def __init__(self, model: nn.Module):
+        self.model, self.compiled = model, torch.compile(model)
+
+    @torch.no_grad()
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        import torch._inductor.config as inductor_config
+
+        with inductor_config.patch(freezing=True):
+            return self.compiled(x)
+
+
+def compile_for_cpu(model: nn.Module, *examples: torch.Tensor):
+    """torch.compile for CPU inference with freezing; each example batch shape is compiled once here."""
+    compiled = _FrozenCompiled(model)
+    for x in examples or (example_input(),):
+        compiled(x)
+    return compiled
+
+
+def prunable(module: nn.Module) -> list[tuple[nn.Module, str]]:
+    """(layer, "weight") for every conv and linear layer: what L1 pruning removes weights from."""
+    return [(m, "weight") for m in module.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+
+
+def sparsity(module: nn.Module) -> float:
+    """Fraction of exactly-zero weights over all conv and linear layers (pruning masks applied)."""
+    weights = [getattr(m, name).detach() for m, name in prunable(module)]
+    return sum(int((w == 0).sum()) for w in weights) / sum(w.numel() for w in weights)
+
+
+class PruneAtStart(ModelPruning):
+    """Lightning's ModelPruning, L1 unstructured over all conv and linear weights together (global ranking), applied
+    once when training starts; the epochs that follow fine-tune the surviving weights, and at the end the masks are
+    made permanent (the weights hold real zeros)."""
+
+    def __init__(self, amount: float, **kwargs):
+        super().__init__("l1_unstructured", amount=amount, apply_pruning=False, use_global_unstructured=True,
+                         make_pruning_permanent=True, **kwargs)
+        self.target = amount
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        self._parameters_to_prune = prunable(pl_module)  # not BatchNorm, whose weights would count by default
+        super().setup(trainer, pl_module, stage)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.apply_pruning(self.target)
+
+
+def save_program(model: nn.Module, path: str | Path, example: torch.Tensor | None = None) -> Path:
+    """Save `model` (eval mode) as a torch.export program (.pt2: graph + weights, no pickled code)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(model, nn.Module) and not isinstance(model, torch.fx.GraphModule):
+        model = copy.deepcopy(model).eval()
+    torch.export.save(export(model, example), path)
+    return path
+
+
+def load_program(path: str | Path) -> nn.Module:
+    """Reload a save_program file as a callable module."""
+    return torch.export.load(str(path)).module()
+
+
+def size_mb(path: str | Path) -> float:
+    """File size in MB (10^6 bytes)."""
+    return os.path.getsize(path) / 1e6
+
+
+@torch.no_grad()
+def latency_ms(model, batch: int, warmup: int = 3, repeats: int = 20, shape=(3, 32, 32)) -> float:
+    """Median wall time in ms of one forward pass on a random (batch, *shape) input on the CPU, after warm-up."""
+    x = example_input(batch, shape)
+    for _ in range(warmup):
+        model(x)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        model(x)
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+@torch.no_grad()
+def accuracy(model, loader) -> float:
+    """Top-1 accuracy over a loader of (images, labels) batches, on the CPU."""
+    correct = seen = 0
+    for x, y in loader:
+        correct += int((model(x).argmax(dim=1) == y).sum())
+        seen += len(y)
+    return correct / seen
+
+
+def cpu_flags() -> dict[str, bool]:
+    """Which of the SIMD/matrix extensions that decide int8 speed this CPU reports in /proc/cpuinfo (Linux)."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return {}
+    present = set(flags.split(":", 1)[1].split())
+    return {f: f in present for f in CPU_FLAGS}
+
+
+__all__ = ["BATCH", "EXAMPLE_BATCH", "CPU_FLAGS", "example_input", "export", "x86_quantizer",
+           "drop_unused_attributes", "quantize_ptq", "prepare_qat", "convert_qat", "quantize_linear_int8",
+           "compile_for_cpu", "prunable", "sparsity", "PruneAtStart", "save_program", "load_program", "size_mb",
+           "latency_ms", "accuracy", "cpu_flags"]

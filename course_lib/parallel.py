@@ -1,0 +1,172 @@
+"""Lesson 06 helpers: hand-made DDP against one process, multi-process throughput, fork safety, and the
+device-count check the CLI runs. `python -m course_lib.parallel --devices N --out row.json` is the script path."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import lightning as L
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from lightning.fabric.accelerators.cuda import num_cuda_devices
+from torch import nn
+
+from . import config
+from .bench import BenchCallback
+from .data import CIFAR10DataModule
+from .models import build_model
+from .modules import ImageClassifierModule
+
+
+def toy_data(steps: int, batch: int, model: str = "toy", seed: int = 0):
+    """Fixed random batches: (steps, batch, 32) or (steps, batch, 3, 32, 32) inputs, (steps, batch) labels."""
+    g = torch.Generator().manual_seed(seed)
+    shape, classes = ((32,), 4) if model == "toy" else ((3, 32, 32), 10)
+    return torch.randn(steps, batch, *shape, generator=g), torch.randint(0, classes, (steps, batch), generator=g)
+
+
+def toy_model(name: str = "toy", seed: int = 0) -> nn.Module:
+    """A seeded MLP on 32 features ("toy") or a course backbone; every call with one seed gives the same weights."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)) if name == "toy" else build_model(name)
+
+
+def train_steps(model: nn.Module, xs: torch.Tensor, ys: torch.Tensor, lr: float = 0.1) -> nn.Module:
+    """Plain SGD with momentum, one step per batch; the loss is the mean over the samples this process sees."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    for x, y in zip(xs, ys):
+        opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(x), y).backward()  # under DDP, backward also all-reduces the gradients
+        opt.step()
+    return model
+
+
+def single_process(steps: int, batch: int, model: str = "toy", seed: int = 0) -> dict:
+    """Final weights of one process trained on the full batches."""
+    return train_steps(toy_model(model, seed), *toy_data(steps, batch, model, seed)).state_dict()
+
+
+def _ddp_worker(rank, world, store, steps, batch, model, seed, out, bucket_cap_mb):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))  # the processes share the cores
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        net = nn.parallel.DistributedDataParallel(toy_model(model, seed), bucket_cap_mb=bucket_cap_mb)
+        xs, ys = toy_data(steps, batch, model, seed)
+        part = slice(rank * batch // world, (rank + 1) * batch // world)  # this rank's share of every batch
+        train_steps(net, xs[:, part], ys[:, part])
+        if rank == 0:
+            torch.save({"state": net.module.state_dict(), "ddp": net._get_ddp_logging_data()}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def ddp_train(world: int = 2, steps: int = 5, batch: int = 16, model: str = "toy", seed: int = 0,
+              start_method: str = "fork", bucket_cap_mb: float = 25) -> dict:
+    """Train with `world` gloo processes, each on its slice of every batch; rank 0's weights and DDP statistics."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "rank0.pt"
+        mp.start_processes(_ddp_worker, nprocs=world, start_method=start_method, join=True,
+                           args=(world, f"{tmp}/store", steps, batch, model, seed, out, bucket_cap_mb))
+        return torch.load(out, weights_only=True)
+
+
+class DDPBenchCallback(BenchCallback):
+    """BenchCallback whose rank 0 writes the all-process result to a JSON file (forked workers return no objects)."""
+
+    def __init__(self, warmup: int, steps: int, out: str | Path):
+        super().__init__(warmup, steps)
+        self.out = Path(out)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if not trainer.is_global_zero:
+            return
+        dev, world = pl_module.device, trainer.world_size
+        peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else self.peak_rss
+        # all ranks step in lock-step (the all-reduce waits for the slowest), so the total is rank 0's rate x world
+        self.out.write_text(json.dumps({
+            "images_per_s": self.throughput.compute()["device/samples_per_sec"] * world,
+            "step_ms": 1e3 * statistics.median(self.step_s), "peak_mem_mb": peak / 2**20,
+            "data_wait": sum(self.wait_s) / (sum(self.wait_s) + sum(self.step_s)), "warmup_s": self.warmup_s,
+            "steps": len(self.step_s), "batch_size": self.batch_size * world, "device": dev.type,
+            "processes": world}))
+
+
+def measure(make, devices: int, accelerator: str = "cpu", strategy: str = "auto", warmup: int = 3, steps: int = 10,
+            precision: str = "32-true", name: str | None = None) -> dict | None:
+    """Train `make()` -> (module, datamodule) on `devices` processes; the result row on rank 0, None elsewhere."""
+    module, dm = make()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "row.json"
+        L.Trainer(max_steps=warmup + steps, accelerator=accelerator, devices=devices, strategy=strategy,
+                  precision=precision, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                  enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
+                  callbacks=[DDPBenchCallback(warmup, steps, out)]).fit(module, datamodule=dm)
+        row = json.loads(out.read_text()) if out.exists() else None
+    return row and {"name": name or f"{devices} x {accelerator}", **row, "precision": precision}
+
+
+def measure_script(devices: int, out: str | Path, timeout: float = 900, **opts) -> dict:
+    """`measure` through the script path: `python -m course_lib.parallel` with strategy ddp, in fresh processes."""
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in opts.items() if v is not None and v is not False]
+    cmd = [sys.executable, "-m", "course_lib.parallel", f"--devices={devices}", f"--out={out}", *flags]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if res.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}")
+    return json.loads(Path(out).read_text())
+
+
+def fork_status() -> tuple[bool, str]:
+    """Whether ddp_notebook may fork workers here: a forked process cannot use a CUDA context it inherits."""
+    if torch.cuda.is_initialized():
+        return False, ("CUDA is already initialised in this process, and forked workers cannot use an inherited "
+                       "CUDA context. Restart the kernel and start DDP before any cell touches the GPU, or use the "
+                       "script path (python -m course_lib fit ... under torchrun).")
+    return True, "no CUDA context in this process yet: ddp_notebook can fork its workers"
+
+
+def check_devices(accelerator, devices) -> None:
+    """Fail early, naming the remedy, when a launch asks for more GPUs than this machine has."""
+    if not isinstance(accelerator, str) or not str(devices).isdigit():
+        return  # "auto", -1, lists and Accelerator objects: Lightning resolves and checks those itself
+    want, have, acc = int(devices), num_cuda_devices(), accelerator.lower()
+    if (acc in ("gpu", "cuda") or (acc == "auto" and have)) and want > have:
+        raise ValueError(f"devices={want} asks for {want} GPU(s) per node, but this machine has {have} visible CUDA "
+                         f"GPU(s) (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}). Pass "
+                         f"--trainer.devices {have} to use the GPUs here, or spread the run over machines with "
+                         f"--trainer.num_nodes and one launch per node (torchrun or SLURM), or use "
+                         f"--trainer.accelerator cpu for CPU processes (gloo).")
+    if acc == "auto" and not have and want > 1:
+        raise ValueError(f"devices={want} with accelerator=auto, but there is no CUDA GPU here: auto would quietly "
+                         f"start {want} CPU processes. Pass --trainer.accelerator cpu if that is what you want.")
+    if acc == "cpu" and want > (os.cpu_count() or 1):
+        warnings.warn(f"devices={want} CPU processes on {os.cpu_count()} cores: they share the cores, so each runs "
+                      f"slower. Fine for testing the DDP code path, not for speed.")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="DDP training throughput on N devices; rank 0 writes the row to --out.")
+    for flag, kind, default in [("devices", int, 1), ("accelerator", str, "gpu" if num_cuda_devices() else "cpu"),
+                                ("model", str, "resnet9"), ("batch", int, 64), ("precision", str, "32-true"),
+                                ("warmup", int, 3), ("steps", int, 10), ("workers", int, 0), ("data", str, None)]:
+        p.add_argument(f"--{flag}", type=kind, default=default)
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    check_devices(a.accelerator, a.devices)
+    make = lambda: (ImageClassifierModule(a.model), CIFAR10DataModule(  # noqa: E731  (per-process batch size)
+        image_folder=a.data or config.data_source(), batch_size=a.batch, num_workers=a.workers,
+        persistent_workers=a.workers > 0, pin_memory=a.accelerator != "cpu"))
+    row = measure(make, a.devices, a.accelerator, "ddp" if a.devices > 1 else "auto", a.warmup, a.steps, a.precision)
+    if row:
+        Path(a.out).write_text(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()
