@@ -123,4 +123,4 @@ def test_device_data_module_trains_validates_and_tests(dm_kwargs):
                         enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(ImageClassifierModule("simple_cnn"), datamodule=dm)
     assert "val_acc" in trainer.callback_metrics
-    assert 0 <= trainer.test(datamodule=dm, verbose=False)[0]["test_acc"] <= 1
+    assert 0 <= trainer.test(trainer.lightning_module, datamodule=dm, verbose=False)[0]["test_acc"] <= 1
