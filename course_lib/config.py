@@ -1,9 +1,12 @@
 """The one run-size switch, where files go, what hardware this is, and where measured figures are recorded."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,17 +93,28 @@ def hardware() -> dict:
         "torchvision": torchvision.__version__,
         "lightning": lightning.__version__,
     }
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        info.update(
-            gpu=props.name,
-            gpu_count=torch.cuda.device_count(),
-            gpu_memory_gib=round(props.total_memory / 2**30, 1),
-            compute_capability=f"{props.major}.{props.minor}",
-            bf16_native=torch.cuda.is_bf16_supported(including_emulation=False),
-            cuda=torch.version.cuda,
-        )
+    if torch.cuda.device_count() > 0:  # asks NVML: does not initialise CUDA, so ddp_notebook can still fork
+        info.update(_gpu_info())
     return info
+
+
+@functools.lru_cache(maxsize=1)
+def _gpu_info() -> dict:
+    """GPU facts; read in a child process unless CUDA is already initialised here (forked DDP needs it untouched)."""
+    if torch.cuda.is_initialized():
+        return _gpu_info_here()
+    code = "import json, course_lib.config as c; print(json.dumps(c._gpu_info_here()))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _gpu_info_here() -> dict:
+    """GPU facts from this process (initialises CUDA)."""
+    props = torch.cuda.get_device_properties(0)
+    return {"gpu": props.name, "gpu_count": torch.cuda.device_count(),
+            "gpu_memory_gib": round(props.total_memory / 2**30, 1),
+            "compute_capability": f"{props.major}.{props.minor}",
+            "bf16_native": torch.cuda.is_bf16_supported(including_emulation=False), "cuda": torch.version.cuda}
 
 
 def _cpu_name() -> str:

@@ -49,11 +49,6 @@ def train_steps(model: nn.Module, xs: torch.Tensor, ys: torch.Tensor, lr: float 
     return model
 
 
-def single_process(steps: int, batch: int, model: str = "toy", seed: int = 0) -> dict:
-    """Final weights of one process trained on the full batches."""
-    return train_steps(toy_model(model, seed), *toy_data(steps, batch, model, seed)).state_dict()
-
-
 def _ddp_worker(rank, world, store, steps, batch, model, seed, out, bucket_cap_mb):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))  # the processes share the cores
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
@@ -69,8 +64,11 @@ def _ddp_worker(rank, world, store, steps, batch, model, seed, out, bucket_cap_m
 
 
 def ddp_train(world: int = 2, steps: int = 5, batch: int = 16, model: str = "toy", seed: int = 0,
-              start_method: str = "fork", bucket_cap_mb: float = 25) -> dict:
-    """Train with `world` gloo processes, each on its slice of every batch; rank 0's weights and DDP statistics."""
+              start_method: str | None = None, bucket_cap_mb: float = 25) -> dict:
+    """Train with `world` gloo processes, each on its slice of every batch; rank 0's weights and DDP statistics.
+
+    The workers are forked (fast) unless this process holds a CUDA context; then they are spawned."""
+    start_method = start_method or ("fork" if fork_status()[0] else "spawn")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rank0.pt"
         mp.start_processes(_ddp_worker, nprocs=world, start_method=start_method, join=True,
@@ -126,9 +124,8 @@ def measure_script(devices: int, out: str | Path, timeout: float = 900, **opts) 
 def fork_status() -> tuple[bool, str]:
     """Whether ddp_notebook may fork workers here: a forked process cannot use a CUDA context it inherits."""
     if torch.cuda.is_initialized():
-        return False, ("CUDA is already initialised in this process, and forked workers cannot use an inherited "
-                       "CUDA context. Restart the kernel and start DDP before any cell touches the GPU, or use the "
-                       "script path (python -m course_lib fit ... under torchrun).")
+        return False, ("CUDA is initialised in this process and forked workers cannot use an inherited CUDA context: "
+                       "restart the kernel and start DDP before anything touches the GPU, or use the script path.")
     return True, "no CUDA context in this process yet: ddp_notebook can fork its workers"
 
 
@@ -138,11 +135,12 @@ def check_devices(accelerator, devices) -> None:
         return  # "auto", -1, lists and Accelerator objects: Lightning resolves and checks those itself
     want, have, acc = int(devices), num_cuda_devices(), accelerator.lower()
     if (acc in ("gpu", "cuda") or (acc == "auto" and have)) and want > have:
+        use_here = (f"Pass --trainer.devices {have} to use the GPUs here" if have else
+                    "Check that the GPU driver works (nvidia-smi) and CUDA_VISIBLE_DEVICES is not empty")
         raise ValueError(f"devices={want} asks for {want} GPU(s) per node, but this machine has {have} visible CUDA "
-                         f"GPU(s) (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}). Pass "
-                         f"--trainer.devices {have} to use the GPUs here, or spread the run over machines with "
-                         f"--trainer.num_nodes and one launch per node (torchrun or SLURM), or use "
-                         f"--trainer.accelerator cpu for CPU processes (gloo).")
+                         f"GPU(s) (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}). "
+                         f"{use_here}; or spread the run over machines with --trainer.num_nodes and one launch per "
+                         f"node (torchrun or SLURM); or pass --trainer.accelerator cpu for CPU processes (gloo).")
     if acc == "auto" and not have and want > 1:
         raise ValueError(f"devices={want} with accelerator=auto, but there is no CUDA GPU here: auto would quietly "
                          f"start {want} CPU processes. Pass --trainer.accelerator cpu if that is what you want.")

@@ -1,0 +1,104 @@
+"""The GPU check for lesson 06: DDP throughput on 1..N GPUs, the torchrun CLI path, and the over-request error.
+
+    python scripts/gpu_ddp_check.py --data data/carry/cifar10-15k.pt   # on a GPU machine (about 1 minute per GPU)
+    python scripts/gpu_ddp_check.py                                    # no GPU: a dry run on 1 and 2 CPU processes
+
+Every measurement runs in fresh processes (`python -m course_lib.parallel`, strategy ddp), as a cluster job would.
+Writes docs/results/<gpu>-ddp.md, or build/gpu_ddp_check-dryrun.md without a GPU (docs/ holds GPU figures only).
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from course_lib import bench, config, parallel
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(cmd: list[str], timeout: float = 600) -> tuple[int, str, float]:
+    """Exit code, combined output and wall time of a command run in the repository root."""
+    start = time.perf_counter()
+    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    return res.returncode, res.stdout + res.stderr, time.perf_counter() - start
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", help="image folder or .pt file (default: COURSE_DATA)")
+    p.add_argument("--model", help="backbone (default: resnet9 on GPUs, lenet on the CPU)")
+    p.add_argument("--batch", type=int, help="per process (default: 256 on GPUs, 64 on the CPU)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps (default: 50 on GPUs, 10 on the CPU)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps (default: 10 on GPUs, 3 on the CPU)")
+    args = p.parse_args()
+    n_gpus = parallel.num_cuda_devices()
+    gpu = n_gpus > 0
+    accel, counts = ("gpu", list(range(1, n_gpus + 1))) if gpu else ("cpu", [1, 2])
+    model, batch = args.model or ("resnet9" if gpu else "lenet"), args.batch or (256 if gpu else 64)
+    steps, warmup = args.steps or (50 if gpu else 10), args.warmup or (10 if gpu else 3)
+    precision = config.choose_precision() if gpu else "32-true"
+    data = args.data or config.data_source()
+    out = config.build_dir() / "gpu_ddp_check"
+    shutil.rmtree(out, ignore_errors=True)  # a fresh run folder, so the rank-0-only check sees this run's files
+    out.mkdir(parents=True)
+    start = time.perf_counter()
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in counts:
+            row = parallel.measure_script(k, Path(tmp) / f"{k}.json", accelerator=accel, model=model, batch=batch,
+                                          precision=precision, warmup=warmup, steps=steps,
+                                          workers=4 if gpu else 0, data=data)
+            label = f"{k} GPU{'s' if k > 1 else ''}" if gpu else f"{k} CPU process{'es' if k > 1 else ''}"
+            rows.append({**row, "name": label})
+            print(f"{rows[-1]['name']}: {row['images_per_s']:,.0f} images/s", flush=True)
+    rows = bench.add_speedups(rows, rows[0]["name"])
+    base = rows[0]["images_per_s"]
+    eff = [f"- {r['name']}: {r['images_per_s'] / (r['processes'] * base):.0%} scaling efficiency "
+           f"({r['images_per_s']:,.0f} images/s vs {r['processes']} x {base:,.0f})" for r in rows[1:]]
+
+    k = counts[-1]  # the CLI under torchrun on every device, as in docs/multi_gpu.md, for a few steps
+    cli = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(k),
+           "-m", "course_lib", "fit", "--config", "configs/lenet.yaml", "--trainer.accelerator", accel,
+           "--trainer.devices", str(k), "--trainer.strategy", "ddp", "--trainer.max_steps", "20",
+           "--trainer.limit_val_batches", "2", "--trainer.default_root_dir", str(out),
+           "--trainer.logger.init_args.save_dir", str(out / "runs"),
+           "--trainer.callbacks.init_args.dirpath", str(out / "ckpt")] + (["--data.image_folder", data] if data else [])
+    rc, log, secs = run(cli)
+    ckpts = sorted(p.name for p in (out / "ckpt").glob("*.ckpt"))
+    versions = sorted(p.name for p in (out / "runs" / "logs").glob("version_*"))
+    over = [sys.executable, "-m", "course_lib", "fit", "--config", "configs/lenet.yaml",
+            "--trainer.accelerator", "gpu", "--trainer.devices", str(n_gpus + 1)]
+    over_rc, over_log, _ = run(over, timeout=120)
+    message = over_log.strip().splitlines()[-1] if over_log.strip() else "(no output)"  # the exception's line
+
+    lines = [f"# DDP check on {config.hardware_label()}", "", f"Command: `{' '.join(sys.argv)}`", "",
+             f"Data: {data}; {model}, {batch} images per process, {precision}; {warmup} warm-up + {steps} timed "
+             f"steps per row, one run each, each in fresh processes (strategy ddp); total "
+             f"{time.perf_counter() - start:.0f} s.", "", bench.table(rows), "", "## Scaling efficiency", "",
+             *(eff or ["- one device only: no multi-device row"]), "",
+             "## torchrun + `python -m course_lib fit`", "", f"`{' '.join(cli[1:])}`", "",
+             f"- exit code {rc} in {secs:.0f} s; log folders {versions}; checkpoints {ckpts} "
+             f"(rank 0 writes them once); {'ok' if rc == 0 and versions == ['version_0'] else 'FAILED'}",
+             *([f"- output tail: ```{log[-1500:]}```"] if rc else []), "",
+             f"## Asking for {n_gpus + 1} GPU(s) with {n_gpus} present", "",
+             f"- exit code {over_rc} ({'fails as it should' if over_rc else 'DID NOT FAIL'}): {message}", "",
+             "Versions: " + ", ".join(f"{k} {v}" for k, v in config.hardware().items())]
+    # without a GPU this is only a dry run of the script: keep it out of docs/, whose figures are GPU figures
+    name = config.hardware().get("gpu")
+    path = (REPO / "docs/results" / f"{name.replace(' ', '_')}-ddp.md" if name
+            else out.parent / "gpu_ddp_check-dryrun.md")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    bench.save_results(rows, "gpu_ddp_check")
+    print("\n".join(lines), f"\n\nwritten to {path}", sep="")
+    return 0 if rc == 0 and over_rc != 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

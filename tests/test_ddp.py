@@ -1,0 +1,149 @@
+"""DDP on the CPU with gloo and 2 processes: same weights as one process, sharding, the torchrun CLI path,
+rank-zero-only outputs, the device-count check, and no processes left behind."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+import yaml
+from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+from torch.utils.data import DistributedSampler
+
+from course_lib import cli, parallel
+from course_lib.data import EpochSampler
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def children_before():
+    """This process's children before the DDP tests; test_no_orphan_processes compares against it."""
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def max_diff(a: dict, b: dict) -> float:
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ddp_matches_one_process_on_the_combined_batch(world):
+    """k SGD steps of DDP, each rank on its slice of every batch, give the weights of one process on full batches."""
+    steps, batch = 5, 16
+    ddp = parallel.ddp_train(world=world, steps=steps, batch=batch, seed=0)["state"]
+    xs, ys = parallel.toy_data(steps, batch, seed=0)
+    one = parallel.train_steps(parallel.toy_model(seed=0), xs, ys).state_dict()
+    assert max_diff(ddp, one) < 1e-6
+    # the comparison has teeth: training moved the weights, and one rank's slice alone gives other weights
+    assert max_diff(one, parallel.toy_model(seed=0).state_dict()) > 1e-2
+    part = parallel.train_steps(parallel.toy_model(seed=0), xs[:, : batch // world], ys[:, : batch // world])
+    assert max_diff(part.state_dict(), one) > 1e-3
+
+
+@pytest.mark.parametrize("n, world", [(12, 2), (10, 2), (10, 3), (7, 4)])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_distributed_sampler_shards_are_disjoint_and_covering(n, world, shuffle):
+    """Every index lands on some rank; ranks share none beyond the padding that evens out their lengths."""
+    for epoch in (0, 1):
+        shards = []
+        for rank in range(world):
+            sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=shuffle, seed=0)
+            sampler.set_epoch(epoch)
+            shards.append(list(sampler))
+        flat = [i for s in shards for i in s]
+        assert set(flat) == set(range(n))  # covering
+        assert len({len(s) for s in shards}) == 1  # equal step counts, or the all-reduce would hang
+        assert len(flat) - len(set(flat)) == (-n) % world  # disjoint apart from the padding
+        if n % world == 0:
+            assert len(flat) == len(set(flat))
+
+
+def test_lightning_shards_the_course_sampler_disjoint_and_covering():
+    """Under DDP Lightning wraps CIFAR10DataModule's EpochSampler in a DistributedSamplerWrapper: still a partition."""
+    n, world = 64, 2
+    shards = [list(DistributedSamplerWrapper(EpochSampler(n, seed=0), num_replicas=world, rank=r, shuffle=False))
+              for r in range(world)]
+    flat = [i for s in shards for i in s]
+    assert sorted(flat) == list(range(n)) and len(shards[0]) == len(shards[1]) == n // world
+
+
+def test_more_gpus_than_present_fails_with_the_remedy(monkeypatch):
+    """accelerator gpu with more devices than GPUs: the CLI stops before training and names what to do."""
+    for have in (0, 1):
+        monkeypatch.setattr(parallel, "num_cuda_devices", lambda have=have: have)
+        with pytest.raises(ValueError, match=rf"devices=8 asks for 8 GPU\(s\).* has {have} visible") as err:
+            cli.main(["fit", "--config", str(REPO / "configs/lenet.yaml"), "--trainer.accelerator", "gpu",
+                      "--trainer.devices", "8"])
+        assert "--trainer.accelerator cpu" in str(err.value) and "--trainer.num_nodes" in str(err.value)
+    assert "--trainer.devices 1 " in str(err.value)  # with one GPU: use the one that exists
+    monkeypatch.setattr(parallel, "num_cuda_devices", lambda: 0)
+    with pytest.raises(ValueError, match="no CUDA GPU here: auto would quietly start 2 CPU processes"):
+        parallel.check_devices("auto", 2)
+    with pytest.warns(UserWarning, match="share the cores"):
+        parallel.check_devices("cpu", (os.cpu_count() or 1) + 1)
+    parallel.check_devices("cpu", 2)  # CPU processes up to the core count: fine
+    parallel.check_devices("auto", 1)
+
+
+def test_torchrun_cli_ddp_two_cpu_processes(tmp_path, tiny_folder):
+    """`torchrun --nproc_per_node 2 -m course_lib fit ... --trainer.strategy ddp` on CPU: both ranks train, and only
+    rank 0 writes logs, the saved config and checkpoints."""
+    cfg = yaml.safe_load((REPO / "configs/lenet.yaml").read_text())
+    callback = cfg["trainer"]["callbacks"][0]
+    override = {"trainer": {  # lenet.yaml's logger and checkpoint, pointed at tmp
+        "logger": {**cfg["trainer"]["logger"], "init_args": {"save_dir": str(tmp_path / "runs"), "name": "logs"}},
+        "callbacks": [{**callback, "init_args": {**callback["init_args"], "dirpath": str(tmp_path / "ckpt")}}],
+    }}
+    (tmp_path / "override.yaml").write_text(yaml.safe_dump(override))
+    env = {**os.environ, "COURSE_SIZE": "smoke", "COURSE_DATA": str(tiny_folder),
+           "COURSE_DATA_ROOT": str(tmp_path / "data"), "COURSE_BUILD": str(tmp_path / "build"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "course_lib", "fit", "--config", "configs/lenet.yaml", "--config", str(tmp_path / "override.yaml"),
+           "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp",
+           "--trainer.default_root_dir", str(tmp_path)]
+    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, f"exit {result.returncode}\n{log[-4000:]}"
+    assert "GLOBAL_RANK: 0, MEMBER: 1/2" in log and "GLOBAL_RANK: 1, MEMBER: 2/2" in log
+    assert "distributed_backend=gloo" in log
+    # rank zero only: one log version, one saved config, one set of checkpoints
+    assert [p.name for p in (tmp_path / "runs" / "logs").iterdir()] == ["version_0"]
+    version = tmp_path / "runs" / "logs" / "version_0"
+    assert "val_acc" in (version / "metrics.csv").read_text()
+    assert yaml.safe_load((version / "config.yaml").read_text())["trainer"]["strategy"] == "ddp"
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name != "last.ckpt")[0].startswith("epoch=0")
+    ckpt = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
+    assert len(list((tmp_path / "ckpt").iterdir())) == 2 and ckpt["global_step"] >= 1
+
+
+def test_script_path_lightning_launches_the_ranks(tmp_path, tiny_folder, monkeypatch):
+    """`python -m course_lib.parallel --devices 2` (strategy ddp: Lightning re-runs the command for rank 1) trains on
+    both ranks; rank 0 reports the throughput of both."""
+    monkeypatch.setenv("COURSE_DATA", str(tiny_folder))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    row = parallel.measure_script(2, tmp_path / "row.json", timeout=180, accelerator="cpu", model="lenet", batch=8,
+                                  warmup=1, steps=2)
+    assert row["processes"] == 2 and row["batch_size"] == 16 and row["steps"] == 2 and row["images_per_s"] > 0
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_no_orphan_processes(children_before):
+    """Runs last in this module: every process the DDP tests started has exited."""
+    deadline = time.monotonic() + 10
+    while True:
+        alive = [p for p in psutil.Process().children(recursive=True) if p.pid not in children_before and _running(p)]
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not alive, f"processes left behind: {[(p.pid, p.cmdline()) for p in alive]}"
