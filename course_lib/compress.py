@@ -12,6 +12,7 @@ import copy
 import os
 import statistics
 import time
+import zlib
 from pathlib import Path
 
 import torch
@@ -40,21 +41,31 @@ def export(model: nn.Module, example: torch.Tensor | None = None) -> torch.expor
     return torch.export.export(model, (example,), dynamic_shapes=({0: BATCH},))
 
 
-def x86_quantizer(is_qat: bool = False) -> X86InductorQuantizer:
+def has_vnni() -> bool:
+    """Whether this CPU has one-instruction int8 dot products (AVX-512 VNNI, AVX-VNNI or AMX)."""
+    flags = cpu_flags()
+    return any(flags.get(f, False) for f in ("avx512_vnni", "avx_vnni", "amx_int8"))
+
+
+def x86_quantizer(is_qat: bool = False, reduce_range: bool | None = None) -> X86InductorQuantizer:
     """Static int8 recipe for x86 CPUs: per-channel symmetric int8 weights, per-tensor uint8 activations.
 
-    Max-pools stay in fp32. torchao 0.18's Inductor weight-prepack pass stops with an AssertionError (in `qconv`,
+    reduce_range (default: True on a CPU without VNNI) keeps activations in 0..127. Without VNNI, oneDNN's int8
+    kernels add pairs of u8 x s8 products in 16 bits (vpmaddubsw), which saturate with full-range activations: the
+    compiled model then loses accuracy that the eager reference graph does not show. Max-pools stay in fp32. torchao 0.18's Inductor weight-prepack pass stops with an AssertionError (in `qconv`,
     postop_name) on a quantized max-pool that feeds a residual add, as in ResNet9; unquantized max-pools avoid it
     at the cost of one dequantize/quantize pair around each pool."""
-    quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config(is_qat=is_qat))
+    reduce_range = not has_vnni() if reduce_range is None else reduce_range
+    config = get_default_x86_inductor_quantization_config(is_qat=is_qat, reduce_range=reduce_range)
+    quantizer = X86InductorQuantizer().set_global(config)
     return quantizer.set_module_type_qconfig(nn.MaxPool2d, None)
 
 
 def drop_unused_attributes(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """Delete parameters and buffers the graph no longer reads (convert_pt2e leaves the fp32 weights behind)."""
-    used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+    read = {n.target for n in gm.graph.nodes if n.op in ("get_attr", "call_module")}
     for name in [n for n, _ in gm.named_parameters()] + [n for n, _ in gm.named_buffers()]:
-        if name not in used and not any(u.startswith(name + ".") for u in used):
+        if not any(name == r or name.startswith(r + ".") or r.startswith(name + ".") for r in read):
             owner, _, leaf = name.rpartition(".")
             module = gm.get_submodule(owner) if owner else gm
             delattr(module, leaf)
@@ -63,26 +74,43 @@ def drop_unused_attributes(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
 
 @torch.no_grad()
-def quantize_ptq(model: nn.Module, calibration, example: torch.Tensor | None = None) -> torch.fx.GraphModule:
-    """Post-training static int8: export, insert observers, run the calibration batches, convert.
+def quantize_ptq(model: nn.Module, calibration, example: torch.Tensor | None = None,
+                 reduce_range: bool | None = None) -> torch.fx.GraphModule:
+    """Post-training static int8: export, insert observers, run the calibration batches (B, C, H, W), convert.
 
-    `calibration` is an iterable of input batches (B, C, H, W). Returns the converted GraphModule: int8 weights and
-    quantize/dequantize ops around each conv and linear. Run eagerly it computes in fp32 (a reference that is
-    slower than the original); `compile_for_cpu` lowers it to oneDNN int8 kernels."""
+    Returns a GraphModule with int8 weights and quantize/dequantize ops; run eagerly it computes in fp32 (a slow
+    reference); `compile_for_cpu` lowers it to oneDNN int8 kernels."""
     exported = export(copy.deepcopy(model).eval(), example).module()
-    prepared = prepare_pt2e(exported, x86_quantizer())
+    prepared = prepare_pt2e(exported, x86_quantizer(reduce_range=reduce_range))
     for x in calibration:  # observers record each activation's range
         prepared(x)
     return drop_unused_attributes(convert_pt2e(prepared))
 
 
-def prepare_qat(model: nn.Module, example: torch.Tensor | None = None) -> torch.fx.GraphModule:
-    """Quantization-aware training: export in train mode and insert fake-quantize ops (int8 rounding in the forward,
-    straight-through gradients in the backward; BatchNorm is folded into the conv weights it follows).
+def fold_batchnorm(model: nn.Module) -> nn.Module:
+    """A copy of `model` in which each BatchNorm2d that directly follows a Conv2d in an nn.Sequential is folded into
+    that conv's weight and bias (running statistics; the BatchNorm becomes Identity). Same outputs in eval mode."""
+    from torch.nn.utils.fusion import fuse_conv_bn_eval
 
-    The result trains like any module and can be the backbone of ImageClassifierModule: its .train()/.eval() switch
-    the graph's BatchNorm between batch and running statistics (an exported graph has no modes of its own)."""
-    exported = export(copy.deepcopy(model).train(), example).module()
+    model = copy.deepcopy(model).eval()
+    for seq in [m for m in model.modules() if isinstance(m, nn.Sequential)]:
+        names = list(seq._modules)
+        for a, b in zip(names, names[1:]):
+            conv, bn = seq._modules[a], seq._modules[b]
+            if isinstance(conv, nn.Conv2d) and isinstance(bn, nn.BatchNorm2d):
+                seq._modules[a], seq._modules[b] = fuse_conv_bn_eval(conv, bn), nn.Identity()
+    return model
+
+
+def prepare_qat(model: nn.Module, example: torch.Tensor | None = None, fold_bn: bool = True) -> torch.fx.GraphModule:
+    """QAT: export in train mode and insert fake-quantize ops (int8 rounding forward, straight-through backward).
+
+    fold_bn=True folds BatchNorm into the convs first: fine for fine-tuning a trained network, and it spares
+    convert_pt2e its conv-BN folding, which traces 96 pattern variants (20-30 s on 2 CPU cores, any model size).
+    The result can be the backbone of ImageClassifierModule: its .train()/.eval() switch the graph's BatchNorm and
+    dropout ops (an exported graph has no modes of its own)."""
+    base = fold_batchnorm(model) if fold_bn else copy.deepcopy(model)
+    exported = export(base.train(), example).module()
     return allow_exported_model_train_eval(prepare_qat_pt2e(exported, x86_quantizer(is_qat=True)))
 
 
@@ -108,27 +136,22 @@ def quantize_linear_int8(model: nn.Module, mode: str = "dynamic") -> nn.Module:
     return model
 
 
-class _FrozenCompiled:
-    """A torch.compile'd model whose (re)compilations run with Inductor's freezing on: weights become constants,
-    which is what lets the x86 passes pre-pack int8 weights and fuse quantize ops into oneDNN kernels."""
+def compile_for_cpu(model: nn.Module, *examples: torch.Tensor):
+    """torch.compile for CPU inference with Inductor's freezing on (weights become constants, which lets the x86
+    passes pre-pack int8 weights and fuse quantize ops into oneDNN int8 kernels). Compiles once per example shape
+    here; later shapes recompile, also with freezing."""
+    import torch._inductor.config as inductor_config
 
-    def __init__(self, model: nn.Module):
-        self.model, self.compiled = model, torch.compile(model)
+    compiled = torch.compile(model)
 
     @torch.no_grad()
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        import torch._inductor.config as inductor_config
-
+    def run(x: torch.Tensor) -> torch.Tensor:
         with inductor_config.patch(freezing=True):
-            return self.compiled(x)
+            return compiled(x)
 
-
-def compile_for_cpu(model: nn.Module, *examples: torch.Tensor):
-    """torch.compile for CPU inference with freezing; each example batch shape is compiled once here."""
-    compiled = _FrozenCompiled(model)
     for x in examples or (example_input(),):
-        compiled(x)
-    return compiled
+        run(x)
+    return run
 
 
 def prunable(module: nn.Module) -> list[tuple[nn.Module, str]]:
@@ -143,9 +166,8 @@ def sparsity(module: nn.Module) -> float:
 
 
 class PruneAtStart(ModelPruning):
-    """Lightning's ModelPruning, L1 unstructured over all conv and linear weights together (global ranking), applied
-    once when training starts; the epochs that follow fine-tune the surviving weights, and at the end the masks are
-    made permanent (the weights hold real zeros)."""
+    """Lightning's ModelPruning: L1 unstructured, ranked over all conv and linear weights together, applied once at
+    the start of training; training then fine-tunes the survivors, and the end makes the zeros permanent."""
 
     def __init__(self, amount: float, **kwargs):
         super().__init__("l1_unstructured", amount=amount, apply_pruning=False, use_global_unstructured=True,
@@ -180,8 +202,13 @@ def size_mb(path: str | Path) -> float:
     return os.path.getsize(path) / 1e6
 
 
+def zipped_mb(path: str | Path) -> float:
+    """Size in MB after zlib compression: where the zeros of a pruned model turn into saved bytes."""
+    return len(zlib.compress(Path(path).read_bytes(), 6)) / 1e6
+
+
 @torch.no_grad()
-def latency_ms(model, batch: int, warmup: int = 3, repeats: int = 20, shape=(3, 32, 32)) -> float:
+def latency_ms(model, batch: int, warmup: int = 2, repeats: int = 20, shape=(3, 32, 32)) -> float:
     """Median wall time in ms of one forward pass on a random (batch, *shape) input on the CPU, after warm-up."""
     x = example_input(batch, shape)
     for _ in range(warmup):
@@ -214,7 +241,17 @@ def cpu_flags() -> dict[str, bool]:
     return {f: f in present for f in CPU_FLAGS}
 
 
-__all__ = ["BATCH", "EXAMPLE_BATCH", "CPU_FLAGS", "example_input", "export", "x86_quantizer",
-           "drop_unused_attributes", "quantize_ptq", "prepare_qat", "convert_qat", "quantize_linear_int8",
-           "compile_for_cpu", "prunable", "sparsity", "PruneAtStart", "save_program", "load_program", "size_mb",
-           "latency_ms", "accuracy", "cpu_flags"]
+def table(rows: list[dict], cols: list[str]) -> str:
+    """A markdown table of `cols` from result rows, with the hardware named under it."""
+    from . import config
+
+    fmt = lambda v: f"{v:,.3g}" if isinstance(v, float) else str(v)  # noqa: E731
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
+    return "\n".join(lines) + f"\n\nHardware: {config.hardware_label()}; size {config.run_size().name}"
+
+
+__all__ = ["BATCH", "EXAMPLE_BATCH", "CPU_FLAGS", "example_input", "export", "has_vnni", "x86_quantizer",
+           "drop_unused_attributes", "quantize_ptq", "fold_batchnorm", "prepare_qat", "convert_qat", "quantize_linear_int8", "compile_for_cpu",
+           "prunable", "sparsity", "PruneAtStart", "save_program", "load_program", "size_mb", "zipped_mb", "latency_ms",
+           "accuracy", "cpu_flags", "table"]
