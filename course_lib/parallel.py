@@ -71,8 +71,15 @@ def ddp_train(world: int = 2, steps: int = 5, batch: int = 16, model: str = "toy
     start_method = start_method or ("fork" if fork_status()[0] else "spawn")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rank0.pt"
-        mp.start_processes(_ddp_worker, nprocs=world, start_method=start_method, join=True,
-                           args=(world, f"{tmp}/store", steps, batch, model, seed, out, bucket_cap_mb))
+        try:
+            mp.start_processes(_ddp_worker, nprocs=world, start_method=start_method, join=True,
+                               args=(world, f"{tmp}/store", steps, batch, model, seed, out, bucket_cap_mb))
+        except mp.ProcessRaisedException as err:
+            if "Autograd-and-Fork" not in str(err):
+                raise
+            raise RuntimeError("this process has started autograd's worker threads (training an exported graph, "
+                               "as QAT does, starts them) and forked workers cannot use them: restart the kernel "
+                               "and run DDP first, or pass start_method='spawn'.") from err
         return torch.load(out, weights_only=True)
 
 

@@ -76,3 +76,9 @@ def _isolate_side_effects(monkeypatch, session_data_root, tmp_path_factory):
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+def pytest_collection_modifyitems(items):
+    """Run the DDP tests first: they fork, and a process that has trained an exported graph (QAT in
+    test_compress) holds autograd worker threads that a forked child cannot use."""
+    items.sort(key=lambda item: item.nodeid.split("::")[0] != "tests/test_ddp.py")
