@@ -36,7 +36,7 @@ class RunSize:
 
 SIZES = {
     # smoke: every lesson in about a minute on 2 CPU cores; numbers are for checking the code, not for reading
-    "smoke": RunSize("smoke", train_subset=2048, eval_subset=1024, epochs=1, bench_steps=10, repeats=1),
+    "smoke": RunSize("smoke", train_subset=2048, eval_subset=1024, epochs=1, bench_steps=6, repeats=1),
     # full: the real course; test accuracy on the whole held-out split
     "full": RunSize("full", train_subset=None, eval_subset=None, epochs=3, bench_steps=100, repeats=3),
 }
