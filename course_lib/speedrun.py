@@ -1,0 +1,442 @@
+"""Lesson 08's speedrun: an airbench94-style net, on-device batches, its LightningModule and a plain-PyTorch twin."""
+from __future__ import annotations
+
+import copy
+import inspect
+import time
+import warnings
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from . import config
+from .data import CIFAR10_MEAN, CIFAR10_STD, DeviceCIFAR10DataModule, EpochSampler, to_float
+from .loops import sync
+
+# the speedrun trains without validation; Lightning would warn about the unused validation_step on every fit
+warnings.filterwarnings("ignore", message=".*defined a `validation_step` but have no `val_dataloader`.*")
+
+WIDTHS = (64, 256, 256)  # channels of the three conv groups, as in airbench94
+# dense bf16 tensor-core peaks in TFLOP/s from the vendors' data sheets; first matching name wins (order matters)
+PEAK_BF16_TFLOPS = [("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("A100", 312.0), ("L40S", 362.0),
+                    ("L40", 181.0), ("L4", 121.0)]
+
+
+class ConvGroup(nn.Module):
+    """conv3x3 -> maxpool2 -> BN -> GELU -> conv3x3 -> BN -> GELU: (B, c_in, H, W) -> (B, c_out, H//2, W//2)."""
+
+    def __init__(self, c_in: int, c_out: int, bn_momentum: float):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, padding=1, bias=False)  # no bias: BatchNorm supplies one
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
+        self.norm1 = nn.BatchNorm2d(c_out, momentum=bn_momentum)
+        self.norm2 = nn.BatchNorm2d(c_out, momentum=bn_momentum)
+        for conv in (self.conv1, self.conv2):  # first c_in filters start as the identity: the net starts near a skip
+            nn.init.dirac_(conv.weight.data[:conv.in_channels])
+        for norm in (self.norm1, self.norm2):  # scale fixed at 1 (the next conv rescales anyway); only the bias learns
+            norm.weight.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.gelu(self.norm1(F.max_pool2d(self.conv1(x), 2)))
+        return F.gelu(self.norm2(self.conv2(x)))
+
+
+class AirNet(nn.Module):
+    """Frozen 2x2 patch-whitening conv, three conv groups, global max pool, linear head with a fixed output scale."""
+
+    def __init__(self, widths: tuple[int, int, int] = WIDTHS, num_classes: int = 10, scale: float = 1 / 9,
+                 bn_momentum: float = 0.4):
+        super().__init__()
+        if len(widths) != 3 or min(widths) < 1:
+            raise ValueError(f"widths must be three positive channel counts, e.g. {WIDTHS}; got {widths}.")
+        self.whiten = nn.Conv2d(3, 24, 2)  # (B, 3, 32, 32) -> (B, 24, 31, 31); filters set by init_whitening
+        self.whiten.weight.requires_grad_(False)  # frozen: a fixed change of basis, not a learned layer
+        self.register_buffer("whitened", torch.tensor(False))  # saved in checkpoints, so reloads skip the init
+        c = [24, *widths]
+        self.groups = nn.Sequential(*(ConvGroup(c[i], c[i + 1], bn_momentum) for i in range(3)))
+        self.head = nn.Linear(widths[-1], num_classes, bias=False)
+        self.scale = scale  # small logits at init: with label smoothing, a calm start for a high learning rate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 3, 32, 32) normalised
+        x = self.groups(self.whiten(x))  # (B, 24, 31, 31) -> 15 -> 7 -> (B, widths[-1], 3, 3)
+        # global max pool -> (B, widths[-1]); a pooling op, not amax, whose compiled bf16 backward gave NaN on a CPU
+        x = F.adaptive_max_pool2d(x, 1).flatten(1)
+        return self.head(x) * self.scale  # (B, classes)
+
+
+@torch.no_grad()
+def init_whitening(net: AirNet, images: torch.Tensor, max_images: int = 5000, eps: float = 5e-4) -> None:
+    """Set net.whiten to the eigenvectors of the 2x2 patch covariance of these images (and their negatives)."""
+    if images.ndim != 4 or images.shape[1] != 3 or len(images) == 0:
+        raise ValueError(f"init_whitening needs training images shaped (N, 3, H, W), got {tuple(images.shape)}.")
+    total, outer, n = torch.zeros(12, dtype=torch.float64, device=images.device), 0, 0
+    for chunk in images[:max_images].split(500):  # chunks: the patches of 5,000 images would take 0.5 GB
+        x = to_float(chunk) if chunk.dtype == torch.uint8 else chunk.float()
+        p = x.unfold(2, 2, 1).unfold(3, 2, 1)  # (b, 3, H-1, W-1, 2, 2)
+        p = p.permute(0, 2, 3, 1, 4, 5).reshape(-1, 12).double()  # one row per patch, ordered like a conv filter
+        total, outer, n = total + p.sum(0), outer + p.T @ p, n + len(p)
+    mean = total / n
+    cov = outer / n - torch.outer(mean, mean)  # (12, 12)
+    eigval, eigvec = torch.linalg.eigh(cov)  # ascending eigenvalues; eigenvectors in the columns
+    eigvec = eigvec * eigvec.gather(0, eigvec.abs().argmax(0, keepdim=True)).sign()  # fix signs: deterministic
+    filters = eigvec.T / (eigval.clamp_min(0) + eps).sqrt()[:, None]  # (12, 12): each output has unit variance
+    weight = torch.cat([filters, -filters])  # (24, 12): +/- pairs, so GELU later keeps both signs
+    net.whiten.weight.copy_(weight.reshape(24, 3, 2, 2))
+    net.whiten.bias.copy_(-(weight @ mean))  # centred outputs
+    net.whitened.fill_(True)
+
+
+def translate_flip(x: torch.Tensor, shifts: torch.Tensor, flips: torch.Tensor, pad: int) -> torch.Tensor:
+    """Shift each image by shifts[:, i] - pad pixels (reflect padding), then mirror those with flips[i]."""
+    b, c, h, w = x.shape
+    if pad > 0:
+        x = F.pad(x, (pad,) * 4, mode="reflect")  # (B, C, H + 2 pad, W + 2 pad)
+        rows = (shifts[0][:, None] + torch.arange(h, device=x.device))[:, None, :, None]  # (B, 1, H, 1)
+        cols = (shifts[1][:, None] + torch.arange(w, device=x.device))[:, None, None, :]  # (B, 1, 1, W)
+        x = x[torch.arange(b, device=x.device)[:, None, None, None], torch.arange(c, device=x.device)[:, None, None],
+              rows, cols]  # crop: (B, C, H, W)
+    return torch.where(flips[:, None, None, None], x.flip(3), x)
+
+
+class SpeedrunBatches:
+    """Normalised float batches cut from uint8 images already on the device; training batches augmented there."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, train: bool = True,
+                 seed: int = 0, translate: int = 2, flip: bool = True):
+        if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[1] != 3 or len(images) != len(labels):
+            raise ValueError(f"SpeedrunBatches needs uint8 images (N, 3, H, W) and N labels; got {images.dtype} "
+                             f"{tuple(images.shape)} and {len(labels)} labels.")
+        if batch_size < 1 or (train and batch_size > len(labels)):
+            raise ValueError(f"batch_size {batch_size} must be between 1 and the {len(labels)} images: training "
+                             f"drops the last partial batch, so an epoch needs at least one full batch.")
+        self.images, self.labels, self.batch_size, self.train = images, labels, batch_size, train
+        self.translate, self.flip = translate if train else 0, flip and train
+        self.sampler = EpochSampler(len(labels), seed)  # Lightning finds .sampler and calls set_epoch on it
+        self.batch_sampler = None  # Lightning inspects it to tell whether evaluation data are shuffled
+        self.mean = torch.tensor(CIFAR10_MEAN, device=images.device)[:, None, None] * 255  # once: no copy per batch
+        self.std = torch.tensor(CIFAR10_STD, device=images.device)[:, None, None] * 255
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:  # training drops the last partial batch: every step has the same shape (compile)
+        return len(self.labels) // self.batch_size if self.train else -(-len(self.labels) // self.batch_size)
+
+    def flips(self, epoch: int) -> torch.Tensor:
+        """(N,) bool, per image: mirrored this epoch? Epoch 0 a random half; each later epoch the complement."""
+        base = torch.rand(len(self.labels), generator=torch.Generator().manual_seed(self.sampler.seed)) < 0.5
+        return base ^ bool(epoch % 2) if self.flip else torch.zeros_like(base)
+
+    def __iter__(self):
+        n, bs, dev = len(self.labels), self.batch_size, self.images.device
+        if not self.train:
+            for i in range(0, n, bs):
+                yield (self.images[i:i + bs].float() - self.mean) / self.std, self.labels[i:i + bs]
+            return
+        g = torch.Generator().manual_seed(self.sampler.seed * 100_003 + self.sampler.epoch)  # CPU: same on any device
+        order = torch.randperm(n, generator=g)
+        shifts = torch.randint(0, 2 * self.translate + 1, (2, n), generator=g).to(dev, non_blocking=True)
+        flips = self.flips(self.sampler.epoch)[order].to(dev, non_blocking=True)  # per image, in batch order
+        order = order.to(dev, non_blocking=True)
+        for i in range(len(self)):
+            part = slice(i * bs, (i + 1) * bs)
+            idx = order[part]  # images and labels are gathered with the same indices: they stay aligned
+            x = (self.images[idx].float() - self.mean) / self.std  # (B, 3, H, W) float32
+            yield translate_flip(x, shifts[:, part], flips[part], self.translate), self.labels[idx]
+
+
+class SpeedrunDataModule(DeviceCIFAR10DataModule):
+    """CIFAR10DataModule's seeded splits as uint8 tensors on the device (once), served as SpeedrunBatches.
+
+    `seed` fixes the split; `shuffle_seed` (default: seed) the batch order and augmentation, so runs with several
+    seeds can share one test set."""
+
+    def __init__(self, *args, batch_size: int = 1024, eval_batch_size: int = 1000, translate: int = 2,
+                 flip: bool = True, shuffle_seed: int | None = None, **kwargs):
+        super().__init__(*args, batch_size=batch_size, **kwargs)
+        self.eval_batch_size, self.translate, self.flip = eval_batch_size, translate, flip
+        self.shuffle_seed = self.hparams.seed if shuffle_seed is None else shuffle_seed
+
+    def prepare_data(self) -> None:
+        if getattr(self, "train_set", None) is None:  # Lightning calls it on every fit and test
+            super().prepare_data()
+
+    def setup(self, stage: str | None = None) -> None:
+        if getattr(self, "train_set", None) is None or self.hparams.test_folder:  # splits never change: carve once
+            super().setup(stage)
+
+    def train_dataloader(self) -> SpeedrunBatches:
+        ds = self.train_set
+        return SpeedrunBatches(ds.images, ds.labels, self.hparams.batch_size, True, self.shuffle_seed,
+                               self.translate, self.flip)
+
+    def val_dataloader(self) -> SpeedrunBatches:
+        return SpeedrunBatches(self.val_set.images, self.val_set.labels, self.eval_batch_size, train=False)
+
+    def test_dataloader(self) -> SpeedrunBatches:
+        return SpeedrunBatches(self.test_set.images, self.test_set.labels, self.eval_batch_size, train=False)
+
+
+def lr_factor(step: int, total: int, warmup: float = 0.23, start: float = 0.2, end: float = 0.07) -> float:
+    """Schedule multiplier: linear from `start` to 1 over the first `warmup` of the steps, then linear to `end`."""
+    peak = max(1, round(warmup * total))
+    if step < peak:
+        return start + (1 - start) * step / peak
+    return 1 + (end - 1) * min(1.0, (step - peak) / max(1, total - peak))
+
+
+def make_speedrun_optimizer(net: nn.Module, total_steps: int, batch_size: int, lr: float, momentum: float,
+                            weight_decay: float, bias_scale: float, warmup: float):
+    """Nesterov SGD with BN/whitening biases at bias_scale x the LR, and its per-step warm-up/decay schedule.
+
+    lr and weight_decay are given for batch 1024 and scale linearly with the batch (a fixed rate per image);
+    weight_decay is lr x SGD's decay, the shrink it adds per step at peak LR, kept equal in both groups."""
+    params = [p for p in net.parameters() if p.requires_grad]
+    biases, weights = [p for p in params if p.ndim < 2], [p for p in params if p.ndim >= 2]
+    lr = lr * batch_size / 1024
+    decay = weight_decay * batch_size / 1024
+    groups = [{"params": weights, "lr": lr, "weight_decay": decay / lr},  # SGD multiplies wd by the group's lr
+              {"params": biases, "lr": lr * bias_scale, "weight_decay": decay / (lr * bias_scale)}]
+    opt = torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, total_steps, warmup))
+    return opt, sched
+
+
+def lookahead_decay(step: int, total: int, base: float = 0.95**5) -> float:
+    """How much of the slow weights a lookahead update keeps: 0 early (no averaging), rising as the cube of progress."""
+    return base * (step / total) ** 3
+
+
+class Lookahead:
+    """Slow copy of all float weights and BN statistics: update pulls it towards the net, then resets the net to it."""
+
+    def __init__(self, net: nn.Module):
+        self.fast = [t for t in net.state_dict().values() if t.is_floating_point()]  # share storage with the net
+        self.slow = [t.detach().clone() for t in self.fast]
+
+    @torch.no_grad()
+    def update(self, decay: float) -> None:
+        torch._foreach_lerp_(self.slow, self.fast, 1 - decay)  # slow += (1 - decay) (fast - slow)
+        torch._foreach_copy_(self.fast, self.slow)  # decay=1 just copies the slow weights into the net
+
+
+@torch.no_grad()
+def tta_logits(model: nn.Module, x: torch.Tensor, level: int = 2) -> torch.Tensor:
+    """Logits averaged over views: level 0 the image, 1 + its mirror, 2 + both shifted 1 px down-right and up-left."""
+    logits = model(x)  # (B, classes)
+    if level == 0:
+        return logits
+    logits = 0.5 * (logits + model(x.flip(3)))
+    if level == 1:
+        return logits
+    down = F.pad(x, (1, 0, 1, 0), mode="reflect")[..., :-1, :-1]  # content moves 1 px right and down
+    up = F.pad(x, (0, 1, 0, 1), mode="reflect")[..., 1:, 1:]
+    shifted = model(torch.cat([down, up, down.flip(3), up.flip(3)])).view(4, len(x), -1).mean(0)
+    return 0.5 * logits + 0.5 * shifted
+
+
+@torch.no_grad()
+def evaluate_tta(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, level: int = 2,
+                 batch_size: int = 1000, bf16: bool = False) -> float:
+    """Accuracy of model on uint8 images (N, 3, H, W) with test-time augmentation; one host sync at the end."""
+    if level not in (0, 1, 2):
+        raise ValueError(f"TTA level must be 0 (none), 1 (mirror) or 2 (mirror + shifts), got {level}.")
+    was_training, correct = model.training, torch.zeros((), device=images.device)
+    model.eval()
+    with torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=bf16):
+        for x, y in SpeedrunBatches(images, labels, batch_size, train=False):
+            correct += (tta_logits(model, x, level).argmax(1) == y).sum()
+    model.train(was_training)
+    return correct.item() / len(labels)
+
+
+class SpeedrunModule(L.LightningModule):
+    """The airbench-style recipe: label smoothing, Nesterov SGD with warm-up/decay, bias LR, lookahead, TTA."""
+
+    def __init__(self, widths: tuple[int, int, int] = WIDTHS, label_smoothing: float = 0.2, lr: float = 1.5,
+                 momentum: float = 0.85, weight_decay: float = 2e-3, bias_scale: float = 64.0, warmup: float = 0.23,
+                 lookahead_every: int = 5, tta_level: int = 2, channels_last: bool = False, compile: bool = False):
+        super().__init__()
+        # lr 1.5 and decay 2e-3 per step at batch 1024 are airbench94's settings rewritten for a mean (not summed) loss
+        self.save_hyperparameters()
+        if not 0 <= label_smoothing < 1 or lookahead_every < 0 or tta_level not in (0, 1, 2):
+            raise ValueError(f"Need 0 <= label_smoothing < 1, lookahead_every >= 0 (0 = off) and tta_level in "
+                             f"(0, 1, 2); got {label_smoothing}, {lookahead_every}, {tta_level}.")
+        self.net = AirNet(tuple(widths))
+        if channels_last:  # (B, H, W, C) in memory: what tensor-core convolutions read fastest
+            self.net = self.net.to(memory_format=torch.channels_last)
+        if compile:  # in place: checkpoint keys stay those of the eager net
+            self.net.compile()
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+        self.sums, self.step_losses, self.lookahead = {}, [], None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 3, 32, 32) -> (B, classes)
+        if self.hparams.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return self.net(x)
+
+    def _shared_step(self, batch, stage: str) -> torch.Tensor:
+        """Loss of one batch (test: with TTA); loss and accuracy sums stay on the device until the epoch ends."""
+        x, y = batch
+        logits = tta_logits(self, x, self.hparams.tta_level) if stage == "test" else self(x)
+        loss = self.criterion(logits, y)
+        accumulate(self.sums, stage, loss, logits, y)
+        if stage == "train":
+            self.step_losses.append(loss.detach())  # a device scalar: no sync; read after training
+        return loss
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        return self._shared_step(batch, "train")
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        self._shared_step(batch, "val")
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        self._shared_step(batch, "test")
+
+    def configure_optimizers(self):
+        hp, total = self.hparams, int(self.trainer.estimated_stepping_batches)  # also loads the train loader
+        batch_size = _batches(self.trainer).batch_size
+        opt, sched = make_speedrun_optimizer(self.net, total, batch_size, hp.lr, hp.momentum, hp.weight_decay,
+                                             hp.bias_scale, hp.warmup)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):
+        return batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)  # no generic walk
+
+    def on_train_start(self) -> None:
+        if not bool(self.net.whitened):  # one host read, before the first step
+            init_whitening(self.net, _batches(self.trainer).images)
+        self.lookahead = Lookahead(self.net) if self.hparams.lookahead_every else None
+        self.step_losses, self.total_steps = [], int(self.trainer.estimated_stepping_batches)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        step, every = self.trainer.global_step, self.hparams.lookahead_every  # global_step counts this step
+        if self.lookahead is not None and step % every == 0:
+            self.lookahead.update(lookahead_decay(step, self.total_steps))
+
+    def on_train_end(self) -> None:
+        if self.lookahead is not None:
+            self.lookahead.update(1.0)  # the result is the slow weights
+
+    def on_train_epoch_end(self) -> None:
+        self.log_dict(epoch_metrics(self.sums, "train"))  # the epoch's one host sync
+
+    def on_validation_epoch_end(self) -> None:
+        self.log_dict(epoch_metrics(self.sums, "val"))
+
+    def on_test_epoch_end(self) -> None:
+        self.log_dict(epoch_metrics(self.sums, "test"))
+
+
+def fresh_weights(module: SpeedrunModule, seed: int) -> None:
+    """Load the initial weights of an AirNet built under `seed` into the module's net, in place (compiled stays so)."""
+    L.seed_everything(seed, verbose=False)
+    module.net.load_state_dict(AirNet(module.hparams.widths).state_dict())  # copies into the existing tensors
+
+
+def _batches(trainer: L.Trainer) -> SpeedrunBatches:
+    """The training batches; SpeedrunModule needs their batch size (LR scaling) and images (whitening)."""
+    if not isinstance(trainer.train_dataloader, SpeedrunBatches):
+        raise TypeError(f"SpeedrunModule trains on SpeedrunBatches (e.g. from SpeedrunDataModule), not "
+                        f"{type(trainer.train_dataloader).__name__}: it scales the LR by their batch size and "
+                        f"sets its whitening layer from their images.")
+    return trainer.train_dataloader
+
+
+def accumulate(sums: dict, stage: str, loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> None:
+    """Add a batch's summed loss, correct count and size to sums[stage] on the device: no host sync."""
+    batch = torch.stack([loss.detach().float() * len(y), (logits.detach().argmax(1) == y).sum().float()])
+    sums[stage] = sums[stage] + batch if stage in sums else batch
+    sums[f"{stage}_n"] = sums.get(f"{stage}_n", 0) + len(y)
+
+
+def epoch_metrics(sums: dict, stage: str) -> dict:
+    """Mean loss and accuracy of the epoch (still tensors), and reset the sums."""
+    total, n = sums.pop(stage), sums.pop(f"{stage}_n")
+    return {f"{stage}_loss": total[0] / n, f"{stage}_acc": total[1] / n}
+
+
+def make_trainer(epochs: int, precision: str = "32-true", **kwargs) -> L.Trainer:
+    """A Trainer for timing: no validation, logger, checkpoints or progress bar; precision via choose_precision."""
+    opts = dict(max_epochs=epochs, accelerator="auto", devices=1, logger=False, enable_checkpointing=False,
+                enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0)
+    return L.Trainer(precision=config.choose_precision(precision), **{**opts, **kwargs})
+
+
+def train_twin(net: AirNet, batches: SpeedrunBatches, epochs: int, precision: str = "32-true", **hparams) -> dict:
+    """Plain-PyTorch twin of SpeedrunModule: same optimiser, schedule, lookahead and accumulation, no Lightning.
+
+    Returns per-step losses (tensor), per-epoch seconds (synced, like EpochTimer) and the trained net."""
+    hp = {k: p.default for k, p in inspect.signature(SpeedrunModule.__init__).parameters.items() if k != "self"}
+    unknown = set(hparams) - set(hp)
+    if unknown:
+        raise ValueError(f"train_twin got unknown hyperparameters {sorted(unknown)}; choose from {sorted(hp)}.")
+    hp.update(hparams)
+    precision = config.choose_precision(precision)  # clear error if this hardware lacks it
+    if precision == "16-mixed":
+        raise ValueError("train_twin supports '32-true' and 'bf16-mixed'; fp16 would also need a GradScaler.")
+    bf16 = precision == "bf16-mixed"
+    device = batches.images.device
+    net.to(device).train()
+    if hp["channels_last"]:
+        net = net.to(memory_format=torch.channels_last)
+    if not bool(net.whitened):
+        init_whitening(net, batches.images)
+    if hp["compile"]:
+        net.compile()
+    total = epochs * len(batches)
+    opt, sched = make_speedrun_optimizer(net, total, batches.batch_size, hp["lr"], hp["momentum"],
+                                         hp["weight_decay"], hp["bias_scale"], hp["warmup"])
+    criterion = nn.CrossEntropyLoss(label_smoothing=hp["label_smoothing"])
+    lookahead = Lookahead(net) if hp["lookahead_every"] else None
+    losses, epoch_s, sums, step = [], [], {}, 0
+    for epoch in range(epochs):
+        batches.set_epoch(epoch)
+        sync(device)
+        start = time.perf_counter()
+        for x, y in batches:
+            x = x.contiguous(memory_format=torch.channels_last) if hp["channels_last"] else x
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                logits = net(x)
+                loss = criterion(logits, y)
+            accumulate(sums, "train", loss, logits, y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            step += 1
+            losses.append(loss.detach())
+            if lookahead is not None and step % hp["lookahead_every"] == 0:
+                lookahead.update(lookahead_decay(step, total))
+        epoch_metrics(sums, "train")  # read once per epoch, as the module logs it
+        sync(device)
+        epoch_s.append(time.perf_counter() - start)
+    if lookahead is not None:
+        lookahead.update(1.0)
+    return {"losses": torch.stack(losses).float().cpu(), "epoch_s": epoch_s, "net": net}
+
+
+def train_step_flops(net: nn.Module, batch_size: int, image_size: int = 32) -> int:
+    """FLOPs of one training step (forward + backward) at this batch, counted on the meta device (no compute)."""
+    meta = copy.deepcopy(net).to("meta").train()  # pass an uncompiled net
+    x = torch.zeros(batch_size, 3, image_size, image_size, device="meta")
+    y = torch.zeros(batch_size, dtype=torch.long, device="meta")
+    with FlopCounterMode(display=False) as counter:
+        F.cross_entropy(meta(x), y).backward()
+    return counter.get_total_flops()
+
+
+def peak_tflops(info: dict | None = None) -> float | None:
+    """Dense bf16 tensor-core peak of this machine's GPU, from PEAK_BF16_TFLOPS; None on a CPU or an unlisted GPU."""
+    gpu = (info or config.hardware()).get("gpu")
+    return next((peak for name, peak in PEAK_BF16_TFLOPS if gpu and name in gpu), None)
+
+
+def achieved(flops: float, seconds: float, info: dict | None = None) -> dict:
+    """Achieved TFLOP/s for `flops` done in `seconds`, and its fraction of the bf16 peak where that is known."""
+    tflops, peak = flops / seconds / 1e12, peak_tflops(info)
+    return {"tflops": tflops, "peak_tflops": peak, "fraction_of_peak": tflops / peak if peak else None}

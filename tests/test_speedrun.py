@@ -1,0 +1,173 @@
+"""Lesson 08's speedrun: AirNet, whitening, on-device augmentation, schedule, TTA, FLOPs, Lightning against the twin."""
+import lightning as L
+import pytest
+import torch
+
+from course_lib import speedrun
+from course_lib.data import load_image_folder
+from course_lib.models import count_parameters
+from course_lib.speedrun import AirNet, SpeedrunBatches, SpeedrunModule
+
+SMALL = (8, 16, 16)  # a narrow AirNet: the same code path, a fraction of the compute
+
+
+@pytest.fixture(scope="module")
+def real(tiny_folder, session_data_root):
+    """60 real CIFAR-10 images (3 classes) as uint8 (N, 3, 32, 32) and labels."""
+    data = load_image_folder(tiny_folder / "train", session_data_root / "cache")
+    return data["images"], data["labels"]
+
+
+def unnormalise(x: torch.Tensor) -> torch.Tensor:
+    """Batches back to 0-255 pixel values."""
+    b = SpeedrunBatches(torch.zeros(1, 3, 2, 2, dtype=torch.uint8), torch.zeros(1, dtype=torch.long), 1)
+    return x * b.std + b.mean
+
+
+def test_airnet_shape_and_parameter_count():
+    """(B, 3, 32, 32) -> (B, 10); about 2M trainable parameters (1,971,352), the whitening filters not among them."""
+    net = AirNet()
+    assert net(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    assert count_parameters(net) == 1_971_352
+    assert sum(p.numel() for p in net.parameters()) - count_parameters(net) == 24 * 3 * 2 * 2 + 2 * (64 + 256 + 256)
+
+
+def test_whitening_is_deterministic_decorrelates_and_stays_frozen(real):
+    """Same images -> same filters; outputs are decorrelated; an optimiser step leaves the filters unchanged."""
+    images, labels = real
+    a, b = AirNet(SMALL), AirNet(SMALL)
+    speedrun.init_whitening(a, images)
+    speedrun.init_whitening(b, images.clone())
+    assert torch.equal(a.whiten.weight, b.whiten.weight) and bool(a.whitened)
+    assert not a.whiten.weight.requires_grad
+    with torch.no_grad():  # channel covariance of the first 12 outputs: diagonal (whitened patches)
+        out = a.whiten(next(iter(SpeedrunBatches(images, labels, 60, train=False)))[0])[:, :12]
+        cov = torch.cov(out.permute(1, 0, 2, 3).reshape(12, -1))
+    off = cov - torch.diag(cov.diagonal())
+    assert off.abs().max() < 1e-3 * cov.diagonal().max() and cov.diagonal().max() <= 1.01
+    frozen = a.whiten.weight.clone()
+    opt, _ = speedrun.make_speedrun_optimizer(a, 10, 60, 1.5, 0.85, 2e-3, 64, 0.23)
+    torch.nn.functional.cross_entropy(a(torch.randn(4, 3, 32, 32)), labels[:4]).backward()
+    opt.step()
+    assert torch.equal(a.whiten.weight, frozen)
+
+
+def test_augmentation_keeps_labels_aligned():
+    """Each image is a flat grey whose level encodes its label: after shuffling, shifts and flips it still does."""
+    labels = torch.arange(100) % 10
+    images = (labels * 25).to(torch.uint8)[:, None, None, None].expand(100, 3, 32, 32).contiguous()
+    batches = SpeedrunBatches(images, labels, 32, seed=3)
+    seen = 0
+    for epoch in range(2):
+        batches.set_epoch(epoch)
+        for x, y in batches:
+            assert x.shape == (32, 3, 32, 32) and x.dtype == torch.float32
+            assert torch.allclose(unnormalise(x).mean(dim=(1, 2, 3)), (y * 25).float(), atol=1e-3)
+            seen += len(y)
+    assert seen == 2 * 3 * 32  # drop_last: 3 full batches per epoch
+
+
+def test_alternating_flip_complements_the_previous_epoch():
+    """Epoch 0 mirrors a random half; epoch 1 mirrors exactly the others (read back from the pixels)."""
+    n = 200
+    images = torch.zeros(n, 3, 32, 32, dtype=torch.uint8)
+    images[:, :, :, 16:] = 255  # bright right half: mirrored images have a bright left half
+    images[:, 1] = torch.arange(n, dtype=torch.uint8)[:, None, None]  # channel 1 carries the image's index
+    batches = SpeedrunBatches(images, torch.zeros(n, dtype=torch.long), 50, seed=1, translate=0)
+    flipped = []
+    for epoch in range(2):
+        batches.set_epoch(epoch)
+        mirrored = torch.zeros(n, dtype=torch.bool)
+        for x, _ in batches:
+            px = unnormalise(x).round()
+            mirrored[px[:, 1, 0, 0].long()] = px[:, 0, 0, 0] > 128
+        flipped.append(mirrored)
+    assert 60 < flipped[0].sum() < 140
+    assert torch.equal(flipped[1], ~flipped[0])
+
+
+def test_lightning_module_and_plain_twin_follow_the_same_loss_curve(real):
+    """Same seed, batches, optimiser, schedule and lookahead: per-step losses agree; a changed LR does not."""
+    images, labels = real[0][:24], real[1][:24]
+    batches = lambda: SpeedrunBatches(images, labels, 8, seed=5)  # noqa: E731  3 steps per epoch
+    L.seed_everything(0, verbose=False)
+    module = SpeedrunModule(widths=SMALL, lookahead_every=2)
+    speedrun.make_trainer(2).fit(module, train_dataloaders=batches())
+    lit = torch.stack(module.step_losses)
+    L.seed_everything(0, verbose=False)
+    twin = speedrun.train_twin(AirNet(SMALL), batches(), 2, lookahead_every=2)
+    assert len(lit) == len(twin["losses"]) == 6 and lit.std() > 1e-4  # the losses move: a real comparison
+    torch.testing.assert_close(twin["losses"], lit, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(twin["net"].state_dict(), module.net.state_dict(), rtol=1e-5, atol=1e-6)
+    L.seed_everything(0, verbose=False)
+    other = speedrun.train_twin(AirNet(SMALL), batches(), 1, lookahead_every=2, lr=3.0)
+    assert (other["losses"][1:] - lit[1:3]).abs().max() > 1e-3  # the comparison notices a different recipe
+
+
+def test_tta_shapes_and_accuracy_range(real):
+    """TTA logits keep (B, classes) at every level; evaluate_tta returns a fraction; a bad level is an error."""
+    images, labels = real
+    net = AirNet(SMALL).eval()
+    speedrun.init_whitening(net, images)
+    x = next(iter(SpeedrunBatches(images, labels, 8, train=False)))[0]
+    for level in (0, 1, 2):
+        assert speedrun.tta_logits(net, x, level).shape == (8, 10)
+    assert 0 <= speedrun.evaluate_tta(net, images, labels, level=2, batch_size=25) <= 1
+    with pytest.raises(ValueError, match="TTA level"):
+        speedrun.evaluate_tta(net, images, labels, level=3)
+
+
+def test_schedule_warms_up_then_decays_and_biases_get_the_higher_lr():
+    """0.2 -> 1 over the first 23 % of steps, then down to 0.07; LR and decay scale with batch; bias LR x64."""
+    total = 100
+    f = [speedrun.lr_factor(s, total) for s in range(total + 1)]
+    assert f[0] == pytest.approx(0.2) and f[23] == pytest.approx(1.0) and f[total] == pytest.approx(0.07)
+    assert all(a < b for a, b in zip(f[:23], f[1:24])) and all(a > b for a, b in zip(f[23:-1], f[24:]))
+    opt, sched = speedrun.make_speedrun_optimizer(AirNet(SMALL), total, 512, 1.5, 0.85, 2e-3, 64, 0.23)
+    weights, biases = opt.param_groups
+    assert weights["lr"] == pytest.approx(0.75 * 0.2) and biases["lr"] == pytest.approx(64 * 0.75 * 0.2)
+    assert weights["lr"] * weights["weight_decay"] == pytest.approx(0.2 * 1e-3)  # same decay per step in both
+    assert biases["lr"] * biases["weight_decay"] == pytest.approx(0.2 * 1e-3)
+    assert all(p.ndim < 2 for p in biases["params"]) and all(p.ndim >= 2 for p in weights["params"])
+
+
+def test_flops_and_fraction_of_peak():
+    """An airbench94-sized epoch (48 steps of 1024) is about 35 TFLOP; peaks come from the table, none on a CPU."""
+    per_epoch = speedrun.train_step_flops(AirNet(), 1024) * (50_000 // 1024)
+    assert 30e12 < per_epoch < 40e12
+    assert speedrun.peak_tflops({"gpu": "NVIDIA H200"}) == 989 and speedrun.peak_tflops({"gpu": None}) is None
+    assert speedrun.peak_tflops({"gpu": "NVIDIA H100 PCIe"}) == 756
+    got = speedrun.achieved(1e12, 0.5, {"gpu": "NVIDIA A100-SXM4-80GB"})
+    assert got["tflops"] == pytest.approx(2.0) and got["fraction_of_peak"] == pytest.approx(2 / 312)
+
+
+def test_bad_inputs_give_clear_errors(real):
+    """Float images, a batch larger than the data, a plain DataLoader, unknown twin settings, missing precision."""
+    images, labels = real
+    with pytest.raises(ValueError, match="uint8"):
+        SpeedrunBatches(images.float(), labels, 8)
+    with pytest.raises(ValueError, match="full batch"):
+        SpeedrunBatches(images, labels, 100)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(images.float(), labels), batch_size=8)
+    with pytest.raises(TypeError, match="SpeedrunBatches"):
+        speedrun.make_trainer(1).fit(SpeedrunModule(widths=SMALL), train_dataloaders=loader)
+    with pytest.raises(ValueError, match="unknown hyperparameters"):
+        speedrun.train_twin(AirNet(SMALL), SpeedrunBatches(images, labels, 16), 1, learning_rate=1.0)
+    with pytest.raises(ValueError, match="16-mixed"):
+        speedrun.train_twin(AirNet(SMALL), SpeedrunBatches(images, labels, 16), 1, precision="16-mixed")
+    with pytest.raises(ValueError, match="widths"):
+        AirNet((64, 256))
+
+
+def test_datamodule_carves_splits_once_and_serves_device_batches(tiny_folder, session_data_root):
+    """SpeedrunDataModule reuses CIFAR10DataModule's seeded splits; shuffle_seed changes only the batch order."""
+    kw = dict(image_folder=str(tiny_folder), data_dir=str(session_data_root), batch_size=16, seed=0, device="cpu")
+    a, b = speedrun.SpeedrunDataModule(**kw), speedrun.SpeedrunDataModule(**kw, shuffle_seed=7)
+    a.setup("fit"), b.setup("fit")
+    assert len(a.train_set) == 48 and torch.equal(a.test_set.labels, b.test_set.labels)
+    train = a.train_dataloader()
+    assert len(train) == 3 and a.train_set.images.dtype == torch.uint8
+    first_a, first_b = next(iter(train))[1], next(iter(b.train_dataloader()))[1]
+    assert not torch.equal(first_a, first_b)
+    a.setup("test")  # a second setup keeps the tensors already placed
+    assert a.train_dataloader().images is train.images
