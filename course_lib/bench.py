@@ -1,6 +1,7 @@
-"""Throughput benchmarks: train a module for N timed steps after warm-up and report images/s, step time, memory."""
+"""Throughput benchmarks (images/s, step time, memory after warm-up) and FLOP counts against the GPU's peak."""
 from __future__ import annotations
 
+import copy
 import json
 import statistics
 import time
@@ -10,10 +11,16 @@ from typing import Callable
 import lightning as L
 import psutil
 import torch
+import torch.nn.functional as F
 from lightning.fabric.utilities.throughput import Throughput
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from . import config
 
+# dense bf16 tensor-core peaks in TFLOP/s from the vendors' data sheets; first matching name wins (order matters)
+PEAK_BF16_TFLOPS = [("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("A100", 312.0), ("L40S", 362.0),
+                    ("L40", 181.0), ("L4", 121.0)]
 FIELDS = ["name", "images_per_s", "step_ms", "peak_mem_mb", "data_wait", "warmup_s", "steps", "batch_size",
           "precision", "device"]
 
@@ -141,3 +148,25 @@ def save_results(rows: list[dict], lesson: str, path: str | Path | None = None) 
 def load_results(path: str | Path) -> dict:
     """Read a results file written by save_results."""
     return json.loads(Path(path).read_text())
+
+
+def train_step_flops(net: nn.Module, batch_size: int, image_size: int = 32) -> int:
+    """FLOPs of one training step (forward + backward) at this batch, counted on the meta device (no compute)."""
+    meta = copy.deepcopy(net).to("meta").train()  # pass an uncompiled net
+    x = torch.zeros(batch_size, 3, image_size, image_size, device="meta")
+    y = torch.zeros(batch_size, dtype=torch.long, device="meta")
+    with FlopCounterMode(display=False) as counter:
+        F.cross_entropy(meta(x), y).backward()
+    return counter.get_total_flops()
+
+
+def peak_tflops(info: dict | None = None) -> float | None:
+    """Dense bf16 tensor-core peak of this machine's GPU, from PEAK_BF16_TFLOPS; None on a CPU or an unlisted GPU."""
+    gpu = (info or config.hardware()).get("gpu")
+    return next((peak for name, peak in PEAK_BF16_TFLOPS if gpu and name in gpu), None)
+
+
+def achieved(flops: float, seconds: float, info: dict | None = None) -> dict:
+    """Achieved TFLOP/s for `flops` done in `seconds`, and its fraction of the bf16 peak where that is known."""
+    tflops, peak = flops / seconds / 1e12, peak_tflops(info)
+    return {"tflops": tflops, "peak_tflops": peak, "fraction_of_peak": tflops / peak if peak else None}

@@ -191,12 +191,12 @@ class CIFAR10DataModule(L.LightningDataModule):
     def _load(self, split: str, load: bool = True) -> dict | None:
         """One split's tensors from the chosen source (once per process), or None if the source has no such split."""
         key = (self.hparams.image_folder, str(self.data_dir), split)
-        if load and key in _LOADED:
-            return _LOADED[key]
+        if key in _LOADED:  # decoded in this process already: prepare_data has nothing to check again
+            return _LOADED[key] if load else None
         data = self._read(split, load)
-        if load and data is not None:
+        if data is not None:  # torchvision's reader loads even when only asked to prepare: keep what it read
             _LOADED[key] = data  # read-only afterwards: datasets index into it, never write
-        return data
+        return data if load else None
 
     def _read(self, split: str, load: bool) -> dict | None:
         hp = self.hparams

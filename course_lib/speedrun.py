@@ -1,7 +1,6 @@
-"""Lesson 08's speedrun: an airbench94-style net, on-device batches, its LightningModule and a plain-PyTorch twin."""
+"""Lesson 08's speedrun: on-device batches, the airbench-style recipe as a LightningModule, and a plain-PyTorch twin."""
 from __future__ import annotations
 
-import copy
 import inspect
 import time
 import warnings
@@ -10,83 +9,15 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from . import config
-from .data import CIFAR10_MEAN, CIFAR10_STD, DeviceCIFAR10DataModule, EpochSampler, to_float
+from .data import CIFAR10_MEAN, CIFAR10_STD, DeviceCIFAR10DataModule, EpochSampler
 from .loops import sync
+from .models import WIDTHS, AirNet, init_whitening
 
 # the speedrun trains without validation; Lightning would warn about the unused validation_step on every fit
 warnings.filterwarnings("ignore", message=".*defined a `validation_step` but have no `val_dataloader`.*")
 
-WIDTHS = (64, 256, 256)  # channels of the three conv groups, as in airbench94
-# dense bf16 tensor-core peaks in TFLOP/s from the vendors' data sheets; first matching name wins (order matters)
-PEAK_BF16_TFLOPS = [("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("A100", 312.0), ("L40S", 362.0),
-                    ("L40", 181.0), ("L4", 121.0)]
-
-
-class ConvGroup(nn.Module):
-    """conv3x3 -> maxpool2 -> BN -> GELU -> conv3x3 -> BN -> GELU: (B, c_in, H, W) -> (B, c_out, H//2, W//2)."""
-
-    def __init__(self, c_in: int, c_out: int, bn_momentum: float):
-        super().__init__()
-        self.conv1 = nn.Conv2d(c_in, c_out, 3, padding=1, bias=False)  # no bias: BatchNorm supplies one
-        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
-        self.norm1 = nn.BatchNorm2d(c_out, momentum=bn_momentum)
-        self.norm2 = nn.BatchNorm2d(c_out, momentum=bn_momentum)
-        for conv in (self.conv1, self.conv2):  # first c_in filters start as the identity: the net starts near a skip
-            nn.init.dirac_(conv.weight.data[:conv.in_channels])
-        for norm in (self.norm1, self.norm2):  # scale fixed at 1 (the next conv rescales anyway); only the bias learns
-            norm.weight.requires_grad_(False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.gelu(self.norm1(F.max_pool2d(self.conv1(x), 2)))
-        return F.gelu(self.norm2(self.conv2(x)))
-
-
-class AirNet(nn.Module):
-    """Frozen 2x2 patch-whitening conv, three conv groups, global max pool, linear head with a fixed output scale."""
-
-    def __init__(self, widths: tuple[int, int, int] = WIDTHS, num_classes: int = 10, scale: float = 1 / 9,
-                 bn_momentum: float = 0.4):
-        super().__init__()
-        if len(widths) != 3 or min(widths) < 1:
-            raise ValueError(f"widths must be three positive channel counts, e.g. {WIDTHS}; got {widths}.")
-        self.whiten = nn.Conv2d(3, 24, 2)  # (B, 3, 32, 32) -> (B, 24, 31, 31); filters set by init_whitening
-        self.whiten.weight.requires_grad_(False)  # frozen: a fixed change of basis, not a learned layer
-        self.register_buffer("whitened", torch.tensor(False))  # saved in checkpoints, so reloads skip the init
-        c = [24, *widths]
-        self.groups = nn.Sequential(*(ConvGroup(c[i], c[i + 1], bn_momentum) for i in range(3)))
-        self.head = nn.Linear(widths[-1], num_classes, bias=False)
-        self.scale = scale  # small logits at init: with label smoothing, a calm start for a high learning rate
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 3, 32, 32) normalised
-        x = self.groups(self.whiten(x))  # (B, 24, 31, 31) -> 15 -> 7 -> (B, widths[-1], 3, 3)
-        # global max pool -> (B, widths[-1]); a pooling op, not amax, whose compiled bf16 backward gave NaN on a CPU
-        x = F.adaptive_max_pool2d(x, 1).flatten(1)
-        return self.head(x) * self.scale  # (B, classes)
-
-
-@torch.no_grad()
-def init_whitening(net: AirNet, images: torch.Tensor, max_images: int = 5000, eps: float = 5e-4) -> None:
-    """Set net.whiten to the eigenvectors of the 2x2 patch covariance of these images (and their negatives)."""
-    if images.ndim != 4 or images.shape[1] != 3 or len(images) == 0:
-        raise ValueError(f"init_whitening needs training images shaped (N, 3, H, W), got {tuple(images.shape)}.")
-    total, outer, n = torch.zeros(12, dtype=torch.float64, device=images.device), 0, 0
-    for chunk in images[:max_images].split(500):  # chunks: the patches of 5,000 images would take 0.5 GB
-        x = to_float(chunk) if chunk.dtype == torch.uint8 else chunk.float()
-        p = x.unfold(2, 2, 1).unfold(3, 2, 1)  # (b, 3, H-1, W-1, 2, 2)
-        p = p.permute(0, 2, 3, 1, 4, 5).reshape(-1, 12).double()  # one row per patch, ordered like a conv filter
-        total, outer, n = total + p.sum(0), outer + p.T @ p, n + len(p)
-    mean = total / n
-    cov = outer / n - torch.outer(mean, mean)  # (12, 12)
-    eigval, eigvec = torch.linalg.eigh(cov)  # ascending eigenvalues; eigenvectors in the columns
-    eigvec = eigvec * eigvec.gather(0, eigvec.abs().argmax(0, keepdim=True)).sign()  # fix signs: deterministic
-    filters = eigvec.T / (eigval.clamp_min(0) + eps).sqrt()[:, None]  # (12, 12): each output has unit variance
-    weight = torch.cat([filters, -filters])  # (24, 12): +/- pairs, so GELU later keeps both signs
-    net.whiten.weight.copy_(weight.reshape(24, 3, 2, 2))
-    net.whiten.bias.copy_(-(weight @ mean))  # centred outputs
-    net.whitened.fill_(True)
 
 
 def translate_flip(x: torch.Tensor, shifts: torch.Tensor, flips: torch.Tensor, pad: int) -> torch.Tensor:
@@ -159,10 +90,6 @@ class SpeedrunDataModule(DeviceCIFAR10DataModule):
         super().__init__(*args, batch_size=batch_size, **kwargs)
         self.eval_batch_size, self.translate, self.flip = eval_batch_size, translate, flip
         self.shuffle_seed = self.hparams.seed if shuffle_seed is None else shuffle_seed
-
-    def prepare_data(self) -> None:
-        if getattr(self, "train_set", None) is None:  # Lightning calls it on every fit and test
-            super().prepare_data()
 
     def setup(self, stage: str | None = None) -> None:
         if getattr(self, "train_set", None) is None or self.hparams.test_folder:  # splits never change: carve once
@@ -418,25 +345,3 @@ def train_twin(net: AirNet, batches: SpeedrunBatches, epochs: int, precision: st
     if lookahead is not None:
         lookahead.update(1.0)
     return {"losses": torch.stack(losses).float().cpu(), "epoch_s": epoch_s, "net": net}
-
-
-def train_step_flops(net: nn.Module, batch_size: int, image_size: int = 32) -> int:
-    """FLOPs of one training step (forward + backward) at this batch, counted on the meta device (no compute)."""
-    meta = copy.deepcopy(net).to("meta").train()  # pass an uncompiled net
-    x = torch.zeros(batch_size, 3, image_size, image_size, device="meta")
-    y = torch.zeros(batch_size, dtype=torch.long, device="meta")
-    with FlopCounterMode(display=False) as counter:
-        F.cross_entropy(meta(x), y).backward()
-    return counter.get_total_flops()
-
-
-def peak_tflops(info: dict | None = None) -> float | None:
-    """Dense bf16 tensor-core peak of this machine's GPU, from PEAK_BF16_TFLOPS; None on a CPU or an unlisted GPU."""
-    gpu = (info or config.hardware()).get("gpu")
-    return next((peak for name, peak in PEAK_BF16_TFLOPS if gpu and name in gpu), None)
-
-
-def achieved(flops: float, seconds: float, info: dict | None = None) -> dict:
-    """Achieved TFLOP/s for `flops` done in `seconds`, and its fraction of the bf16 peak where that is known."""
-    tflops, peak = flops / seconds / 1e12, peak_tflops(info)
-    return {"tflops": tflops, "peak_tflops": peak, "fraction_of_peak": tflops / peak if peak else None}

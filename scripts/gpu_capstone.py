@@ -23,7 +23,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from course_lib import config, speedrun
+from course_lib import bench, config, models, speedrun
 from course_lib.data import list_image_folder
 from course_lib.loops import EpochTimer, sync
 
@@ -92,8 +92,8 @@ def main() -> int:
         decoded = f"cifar10-train-{Path(source).stat().st_size}.pt"  # named by the pack's size: a new pack decodes anew
         source = str(decode_pack(Path(source), config.build_dir() / "capstone" / decoded))
     # without a GPU: a dry run of the same code on a few images and a narrow net, so the script is testable anywhere
-    widths, batch, subset, eval_subset = ((speedrun.WIDTHS, 1024, None, None) if gpu
-                                          else (tuple(w // 8 for w in speedrun.WIDTHS), 64, 256, 256))
+    widths, batch, subset, eval_subset = ((models.WIDTHS, 1024, None, None) if gpu
+                                          else (tuple(w // 8 for w in models.WIDTHS), 64, 256, 256))
     epochs, seeds = (args.epochs, args.seeds) if gpu else (2, 2)
     precision = "bf16-mixed" if gpu and config.hardware().get("bf16_native") else "32-true"
     torch.backends.cudnn.benchmark = gpu
@@ -108,15 +108,15 @@ def main() -> int:
     warm = run_seed(module, dm, 1000, epochs, precision)  # untimed: compiles training and TTA graphs
     runs = [run_seed(module, dm, seed, epochs, precision) for seed in range(seeds)]
     L.seed_everything(seeds - 1, verbose=False)
-    twin = speedrun.train_twin(speedrun.AirNet(widths), dm.train_dataloader(), epochs, precision,
+    twin = speedrun.train_twin(models.AirNet(widths), dm.train_dataloader(), epochs, precision,
                                channels_last=gpu, compile=gpu)
     steady = slice(1, None)  # the twin compiles in its epoch 0
     lit_epoch = statistics.median(runs[-1]["epoch_s"][steady])
     ratio = lit_epoch / statistics.median(twin["epoch_s"][steady])
     lit_losses = torch.stack(runs[-1]["losses"]).float().cpu()
     loss_diff = (lit_losses[:10] - twin["losses"][:10]).abs().max().item()
-    flops = speedrun.train_step_flops(speedrun.AirNet(widths), batch) * len(dm.train_dataloader())
-    rate = speedrun.achieved(flops, lit_epoch)
+    flops = bench.train_step_flops(models.AirNet(widths), batch) * len(dm.train_dataloader())
+    rate = bench.achieved(flops, lit_epoch)
     accs, train_s = [r["acc"] for r in runs], [r["train_s"] for r in runs]
     info, label = config.hardware(), config.hardware_label()
     peak = (f"{rate['fraction_of_peak']:.1%} of the {rate['peak_tflops']:.0f} TFLOP/s dense bf16 peak"

@@ -116,6 +116,20 @@ def test_cache_written_once_and_reused(tiny_folder, tmp_path):
     assert torch.equal(first["images"], second["images"]) and second["classes"] == first["classes"]
 
 
+def test_prepare_data_after_setup_does_not_list_the_folder_again(tiny_folder, tmp_path, monkeypatch):
+    """Lightning calls prepare_data on every fit; once a split is decoded, the 50k-file listing is not repeated."""
+    import course_lib.data as data
+
+    dm = tiny_dm(tiny_folder, tmp_path)
+    dm.prepare_data()
+    dm.setup("fit")
+    calls = []
+    monkeypatch.setattr(data, "list_image_folder", lambda *a: calls.append(a) or pytest.fail("listed again"))
+    dm.prepare_data()
+    dm.setup("fit")
+    assert calls == [] and len(dm.train_set) > 0
+
+
 def test_cache_invalidated_when_folder_changes(make_folder, tmp_path):
     """Renaming an image changes the cache key, so a stale cache is never read."""
     split = make_folder(tmp_path / "f" / "train", per_class=3)

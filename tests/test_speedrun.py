@@ -3,10 +3,10 @@ import lightning as L
 import pytest
 import torch
 
-from course_lib import speedrun
+from course_lib import bench, speedrun
 from course_lib.data import load_image_folder
-from course_lib.models import count_parameters
-from course_lib.speedrun import AirNet, SpeedrunBatches, SpeedrunModule
+from course_lib.models import AirNet, count_parameters, init_whitening
+from course_lib.speedrun import SpeedrunBatches, SpeedrunModule
 
 SMALL = (8, 16, 16)  # a narrow AirNet: the same code path, a fraction of the compute
 
@@ -36,8 +36,8 @@ def test_whitening_is_deterministic_decorrelates_and_stays_frozen(real):
     """Same images -> same filters; outputs are decorrelated; an optimiser step leaves the filters unchanged."""
     images, labels = real
     a, b = AirNet(SMALL), AirNet(SMALL)
-    speedrun.init_whitening(a, images)
-    speedrun.init_whitening(b, images.clone())
+    init_whitening(a, images)
+    init_whitening(b, images.clone())
     assert torch.equal(a.whiten.weight, b.whiten.weight) and bool(a.whitened)
     assert not a.whiten.weight.requires_grad
     with torch.no_grad():  # channel covariance of the first 12 outputs: diagonal (whitened patches)
@@ -108,7 +108,7 @@ def test_tta_shapes_and_accuracy_range(real):
     """TTA logits keep (B, classes) at every level; evaluate_tta returns a fraction; a bad level is an error."""
     images, labels = real
     net = AirNet(SMALL).eval()
-    speedrun.init_whitening(net, images)
+    init_whitening(net, images)
     x = next(iter(SpeedrunBatches(images, labels, 8, train=False)))[0]
     for level in (0, 1, 2):
         assert speedrun.tta_logits(net, x, level).shape == (8, 10)
@@ -133,11 +133,11 @@ def test_schedule_warms_up_then_decays_and_biases_get_the_higher_lr():
 
 def test_flops_and_fraction_of_peak():
     """An airbench94-sized epoch (48 steps of 1024) is about 35 TFLOP; peaks come from the table, none on a CPU."""
-    per_epoch = speedrun.train_step_flops(AirNet(), 1024) * (50_000 // 1024)
+    per_epoch = bench.train_step_flops(AirNet(), 1024) * (50_000 // 1024)
     assert 30e12 < per_epoch < 40e12
-    assert speedrun.peak_tflops({"gpu": "NVIDIA H200"}) == 989 and speedrun.peak_tflops({"gpu": None}) is None
-    assert speedrun.peak_tflops({"gpu": "NVIDIA H100 PCIe"}) == 756
-    got = speedrun.achieved(1e12, 0.5, {"gpu": "NVIDIA A100-SXM4-80GB"})
+    assert bench.peak_tflops({"gpu": "NVIDIA H200"}) == 989 and bench.peak_tflops({"gpu": None}) is None
+    assert bench.peak_tflops({"gpu": "NVIDIA H100 PCIe"}) == 756
+    got = bench.achieved(1e12, 0.5, {"gpu": "NVIDIA A100-SXM4-80GB"})
     assert got["tflops"] == pytest.approx(2.0) and got["fraction_of_peak"] == pytest.approx(2 / 312)
 
 
