@@ -14,6 +14,7 @@ from . import config
 from .data import CIFAR10_MEAN, CIFAR10_STD, DeviceCIFAR10DataModule, EpochSampler
 from .loops import sync
 from .models import WIDTHS, AirNet, init_whitening
+from .modules import Lookahead, lookahead_decay, make_speedrun_optimizer
 
 # the speedrun trains without validation; Lightning would warn about the unused validation_step on every fit
 warnings.filterwarnings("ignore", message=".*defined a `validation_step` but have no `val_dataloader`.*")
@@ -105,49 +106,6 @@ class SpeedrunDataModule(DeviceCIFAR10DataModule):
 
     def test_dataloader(self) -> SpeedrunBatches:
         return SpeedrunBatches(self.test_set.images, self.test_set.labels, self.eval_batch_size, train=False)
-
-
-def lr_factor(step: int, total: int, warmup: float = 0.23, start: float = 0.2, end: float = 0.07) -> float:
-    """Schedule multiplier: linear from `start` to 1 over the first `warmup` of the steps, then linear to `end`."""
-    peak = max(1, round(warmup * total))
-    if step < peak:
-        return start + (1 - start) * step / peak
-    return 1 + (end - 1) * min(1.0, (step - peak) / max(1, total - peak))
-
-
-def make_speedrun_optimizer(net: nn.Module, total_steps: int, batch_size: int, lr: float, momentum: float,
-                            weight_decay: float, bias_scale: float, warmup: float):
-    """Nesterov SGD with BN/whitening biases at bias_scale x the LR, and its per-step warm-up/decay schedule.
-
-    lr and weight_decay are given for batch 1024 and scale linearly with the batch (a fixed rate per image);
-    weight_decay is lr x SGD's decay, the shrink it adds per step at peak LR, kept equal in both groups."""
-    params = [p for p in net.parameters() if p.requires_grad]
-    biases, weights = [p for p in params if p.ndim < 2], [p for p in params if p.ndim >= 2]
-    lr = lr * batch_size / 1024
-    decay = weight_decay * batch_size / 1024
-    groups = [{"params": weights, "lr": lr, "weight_decay": decay / lr},  # SGD multiplies wd by the group's lr
-              {"params": biases, "lr": lr * bias_scale, "weight_decay": decay / (lr * bias_scale)}]
-    opt = torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, total_steps, warmup))
-    return opt, sched
-
-
-def lookahead_decay(step: int, total: int, base: float = 0.95**5) -> float:
-    """How much of the slow weights a lookahead update keeps: 0 early (no averaging), rising as the cube of progress."""
-    return base * (step / total) ** 3
-
-
-class Lookahead:
-    """Slow copy of all float weights and BN statistics: update pulls it towards the net, then resets the net to it."""
-
-    def __init__(self, net: nn.Module):
-        self.fast = [t for t in net.state_dict().values() if t.is_floating_point()]  # share storage with the net
-        self.slow = [t.detach().clone() for t in self.fast]
-
-    @torch.no_grad()
-    def update(self, decay: float) -> None:
-        torch._foreach_lerp_(self.slow, self.fast, 1 - decay)  # slow += (1 - decay) (fast - slow)
-        torch._foreach_copy_(self.fast, self.slow)  # decay=1 just copies the slow weights into the net
 
 
 @torch.no_grad()
