@@ -163,11 +163,12 @@ class EpochSampler(Sampler[int]):
 
 
 def split_indices(n: int, fractions: list[float], seed: int) -> list[torch.Tensor]:
-    """Seeded random split of range(n) into len(fractions)+1 parts; the last part takes the rest."""
+    """Seeded random split of range(n) into len(fractions)+1 parts; the last part takes the rest; fraction 0: empty."""
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     sizes = [int(round(f * n)) for f in fractions]
-    if any(s == 0 for s in sizes) or sum(sizes) >= n:
-        raise ValueError(f"Cannot carve fractions {fractions} from {n} images: each part needs at least one.")
+    if any(s == 0 and f != 0 for s, f in zip(sizes, fractions)) or min(fractions, default=0) < 0 or sum(sizes) >= n:
+        raise ValueError(f"Cannot carve fractions {fractions} from {n} images: each part needs at least one "
+                         f"(a fraction of exactly 0 asks for none).")
     return list(torch.split(perm, sizes + [n - sum(sizes)]))
 
 

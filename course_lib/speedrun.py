@@ -84,11 +84,12 @@ class SpeedrunDataModule(DeviceCIFAR10DataModule):
     """CIFAR10DataModule's seeded splits as uint8 tensors on the device (once), served as SpeedrunBatches.
 
     `seed` fixes the split; `shuffle_seed` (default: seed) the batch order and augmentation, so runs with several
-    seeds can share one test set."""
+    seeds can share one test set. A speedrun does not validate, so by default no validation images are carved:
+    all 50,000 training images train (45,000 when the test split is carved from them too)."""
 
     def __init__(self, *args, batch_size: int = 1024, eval_batch_size: int = 1000, translate: int = 2,
-                 flip: bool = True, shuffle_seed: int | None = None, **kwargs):
-        super().__init__(*args, batch_size=batch_size, **kwargs)
+                 flip: bool = True, shuffle_seed: int | None = None, val_fraction: float = 0.0, **kwargs):
+        super().__init__(*args, batch_size=batch_size, val_fraction=val_fraction, **kwargs)
         self.eval_batch_size, self.translate, self.flip = eval_batch_size, translate, flip
         self.shuffle_seed = self.hparams.seed if shuffle_seed is None else shuffle_seed
 

@@ -79,11 +79,15 @@ def test_split_indices_disjoint_and_covering():
 
 
 def test_split_indices_rejects_impossible_fractions():
-    """Fractions that leave a part empty raise ValueError."""
+    """Fractions that leave a part empty by rounding, or negative ones, raise ValueError; exactly 0 asks for none."""
     with pytest.raises(ValueError, match="Cannot carve"):
         split_indices(10, [0.5, 0.5], seed=0)
     with pytest.raises(ValueError, match="Cannot carve"):
         split_indices(10, [0.01], seed=0)
+    with pytest.raises(ValueError, match="at least one"):
+        split_indices(10, [-0.1], seed=0)
+    none, test, rest = split_indices(1000, [0.0, 0.1], seed=0)  # exactly 0: an empty part, asked for
+    assert len(none) == 0 and len(test) == 100 and len(rest) == 900
 
 
 def test_datamodule_splits_seeded_and_disjoint(tiny_folder, tmp_path):

@@ -160,11 +160,12 @@ def test_bad_inputs_give_clear_errors(real):
 
 
 def test_datamodule_carves_splits_once_and_serves_device_batches(tiny_folder, session_data_root):
-    """SpeedrunDataModule reuses CIFAR10DataModule's seeded splits; shuffle_seed changes only the batch order."""
+    """SpeedrunDataModule reuses CIFAR10DataModule's seeded splits, minus validation; shuffle_seed changes the order."""
     kw = dict(image_folder=str(tiny_folder), data_dir=str(session_data_root), batch_size=16, seed=0, device="cpu")
     a, b = speedrun.SpeedrunDataModule(**kw), speedrun.SpeedrunDataModule(**kw, shuffle_seed=7)
     a.setup("fit"), b.setup("fit")
-    assert len(a.train_set) == 48 and torch.equal(a.test_set.labels, b.test_set.labels)
+    assert len(a.val_set) == 0 and len(a.test_set) == 6 and len(a.train_set) == 54  # no validation: 60 - 6 test
+    assert torch.equal(a.test_set.labels, b.test_set.labels)
     train = a.train_dataloader()
     assert len(train) == 3 and a.train_set.images.dtype == torch.uint8
     first_a, first_b = next(iter(train))[1], next(iter(b.train_dataloader()))[1]
