@@ -5,7 +5,7 @@
 
 The pack holds the training folder's JPEG files as bytes (raw uint8 images would be 146 MiB); the GPU machine decodes
 them once into build/capstone/cifar10-train-<bytes>.pt, a tensor cache that CIFAR10DataModule reads, so the split
-(40,000 train / 5,000 val unused / 5,000 test, seed 0) is exactly the notebook's full-size split. Recipe: bf16-mixed,
+(45,000 train / 5,000 test, seed 0, no validation) is exactly the notebook's full-size split from the JPEG folder. Recipe: bf16-mixed,
 channels_last, torch.compile, cudnn.benchmark, 10 epochs of batch 1024, TTA. One untimed warm-up run compiles the
 net; the seeds then reuse the compiled net with fresh weights, so their times exclude data loading and compilation.
 Expected to take a few minutes on an H200 (not yet measured). Writes docs/results/<gpu>-capstone.md; without a GPU
@@ -22,6 +22,8 @@ from pathlib import Path
 
 import lightning as L
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout: no install needed (GPU machine)
 
 from course_lib import bench, config, models, speedrun
 from course_lib.data import list_image_folder

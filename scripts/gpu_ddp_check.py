@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout: no install needed (GPU machine)
+
 from course_lib import bench, config, parallel
 
 REPO = Path(__file__).resolve().parents[1]
