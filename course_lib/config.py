@@ -98,13 +98,21 @@ def hardware() -> dict:
     return info
 
 
+def child_env() -> dict:
+    """os.environ with this course_lib's folder on PYTHONPATH: child processes import it even when not installed."""
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    parts = [str(Path(__file__).resolve().parents[1]), *inherited]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(parts)}
+
+
 @functools.lru_cache(maxsize=1)
 def _gpu_info() -> dict:
     """GPU facts; read in a child process unless CUDA is already initialised here (forked DDP needs it untouched)."""
     if torch.cuda.is_initialized():
         return _gpu_info_here()
     code = "import json, course_lib.config as c; print(json.dumps(c._gpu_info_here()))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=child_env()).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 

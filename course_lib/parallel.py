@@ -122,7 +122,7 @@ def measure_script(devices: int, out: str | Path, timeout: float = 900, **opts) 
     """`measure` through the script path: `python -m course_lib.parallel` with strategy ddp, in fresh processes."""
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in opts.items() if v is not None and v is not False]
     cmd = [sys.executable, "-m", "course_lib.parallel", f"--devices={devices}", f"--out={out}", *flags]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=config.child_env())
     if res.returncode:
         raise RuntimeError(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}")
     return json.loads(Path(out).read_text())

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 def run(cmd: list[str], timeout: float = 600) -> tuple[int, str, float]:
     """Exit code, combined output and wall time of a command run in the repository root."""
     start = time.perf_counter()
-    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=config.child_env())
     return res.returncode, res.stdout + res.stderr, time.perf_counter() - start
 
 

@@ -53,3 +53,18 @@ def test_gpu_script_uses_only_existing_course_lib_names(path):
 def test_all_gpu_scripts_found():
     """The three scripts the issues name for GPU checks are all here (and so all tested above)."""
     assert {p.stem for p in SCRIPTS} >= {"gpu_check", "gpu_ddp_check", "gpu_capstone"}
+
+
+def test_child_env_lets_a_child_process_import_course_lib_without_install(tmp_path):
+    """config.child_env() puts this checkout on PYTHONPATH: a child in another folder imports course_lib from it."""
+    from course_lib import config
+
+    code = ("import sys; sys.meta_path = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]; "
+            "import course_lib.config as c; print(c.__file__)")
+    hidden = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                            env={k: v for k, v in config.child_env().items() if k != "PYTHONPATH"})
+    assert hidden.returncode != 0  # the check is live: without PYTHONPATH the hidden install is not found
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                         env=config.child_env())
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert Path(res.stdout.strip()) == Path(config.__file__).resolve()
