@@ -13,6 +13,8 @@ from .models import build_model
 
 # our batches are plain (images, labels) tuples, so the module's transfer_batch_to_device is the one meant
 warnings.filterwarnings("ignore", message=".*overridden `transfer_batch_to_device`.*")
+# Lightning 2.6 calls a torch pytree API that torch 2.14 deprecates; nothing a learner can change, so not shown
+warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated.*")
 
 
 class ImageClassifierModule(L.LightningModule):
@@ -134,12 +136,13 @@ def lr_factor(step: int, total: int, warmup: float = 0.23, start: float = 0.2, e
 
 def make_speedrun_optimizer(net: nn.Module, total_steps: int, batch_size: int, lr: float, momentum: float,
                             weight_decay: float, bias_scale: float, warmup: float):
-    """Nesterov SGD with BN/whitening biases at bias_scale x the LR, and its per-step warm-up/decay schedule.
+    """Nesterov SGD with BatchNorm biases at bias_scale x the LR, and its per-step warm-up/decay schedule.
 
     lr and weight_decay are given for batch 1024 and scale linearly with the batch (a fixed rate per image);
     weight_decay is lr x SGD's decay, the shrink it adds per step at peak LR, kept equal in both groups."""
+    norm = {id(p) for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) for p in m.parameters()}
     params = [p for p in net.parameters() if p.requires_grad]
-    biases, weights = [p for p in params if p.ndim < 2], [p for p in params if p.ndim >= 2]
+    biases, weights = [p for p in params if id(p) in norm], [p for p in params if id(p) not in norm]
     lr = lr * batch_size / 1024
     decay = weight_decay * batch_size / 1024
     groups = [{"params": weights, "lr": lr, "weight_decay": decay / lr},  # SGD multiplies wd by the group's lr

@@ -144,13 +144,15 @@ class SpeedrunModule(L.LightningModule):
 
     def __init__(self, widths: tuple[int, int, int] = WIDTHS, label_smoothing: float = 0.2, lr: float = 1.5,
                  momentum: float = 0.85, weight_decay: float = 2e-3, bias_scale: float = 64.0, warmup: float = 0.23,
-                 lookahead_every: int = 5, tta_level: int = 2, channels_last: bool = False, compile: bool = False):
+                 lookahead_every: int = 5, tta_level: int = 2, whiten_bias_epochs: int = 3,
+                 channels_last: bool = False, compile: bool = False):
         super().__init__()
         # lr 1.5 and decay 2e-3 per step at batch 1024 are airbench94's settings rewritten for a mean (not summed) loss
         self.save_hyperparameters()
-        if not 0 <= label_smoothing < 1 or lookahead_every < 0 or tta_level not in (0, 1, 2):
-            raise ValueError(f"Need 0 <= label_smoothing < 1, lookahead_every >= 0 (0 = off) and tta_level in "
-                             f"(0, 1, 2); got {label_smoothing}, {lookahead_every}, {tta_level}.")
+        if not 0 <= label_smoothing < 1 or min(lookahead_every, whiten_bias_epochs) < 0 or tta_level not in (0, 1, 2):
+            raise ValueError(f"Need 0 <= label_smoothing < 1, lookahead_every >= 0 (0 = off), whiten_bias_epochs >= 0 "
+                             f"and tta_level in (0, 1, 2); got {label_smoothing}, {lookahead_every}, "
+                             f"{whiten_bias_epochs}, {tta_level}.")
         self.net = AirNet(tuple(widths))
         if channels_last:  # (B, H, W, C) in memory: what tensor-core convolutions read fastest
             self.net = self.net.to(memory_format=torch.channels_last)
@@ -186,6 +188,7 @@ class SpeedrunModule(L.LightningModule):
     def configure_optimizers(self):
         hp, total = self.hparams, int(self.trainer.estimated_stepping_batches)  # also loads the train loader
         batch_size = _batches(self.trainer).batch_size
+        self.net.whiten.bias.requires_grad_(True)  # a new fit trains it again, though the last one froze it
         opt, sched = make_speedrun_optimizer(self.net, total, batch_size, hp.lr, hp.momentum, hp.weight_decay,
                                              hp.bias_scale, hp.warmup)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
@@ -198,6 +201,10 @@ class SpeedrunModule(L.LightningModule):
             init_whitening(self.net, _batches(self.trainer).images)
         self.lookahead = Lookahead(self.net) if self.hparams.lookahead_every else None
         self.step_losses, self.total_steps = [], int(self.trainer.estimated_stepping_batches)
+
+    def on_train_epoch_start(self) -> None:
+        train_bias = self.current_epoch < self.hparams.whiten_bias_epochs  # then frozen: a settled input shift
+        self.net.whiten.bias.requires_grad_(train_bias)
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
         step, every = self.trainer.global_step, self.hparams.lookahead_every  # global_step counts this step
@@ -275,6 +282,7 @@ def train_twin(net: AirNet, batches: SpeedrunBatches, epochs: int, precision: st
     if hp["compile"]:
         net.compile()
     total = epochs * len(batches)
+    net.whiten.bias.requires_grad_(True)  # in the optimiser even if an earlier run froze it
     opt, sched = make_speedrun_optimizer(net, total, batches.batch_size, hp["lr"], hp["momentum"],
                                          hp["weight_decay"], hp["bias_scale"], hp["warmup"])
     criterion = nn.CrossEntropyLoss(label_smoothing=hp["label_smoothing"])
@@ -282,6 +290,7 @@ def train_twin(net: AirNet, batches: SpeedrunBatches, epochs: int, precision: st
     losses, epoch_s, sums, step = [], [], {}, 0
     for epoch in range(epochs):
         batches.set_epoch(epoch)
+        net.whiten.bias.requires_grad_(epoch < hp["whiten_bias_epochs"])
         sync(device)
         start = time.perf_counter()
         for x, y in batches:

@@ -91,11 +91,11 @@ def test_lightning_module_and_plain_twin_follow_the_same_loss_curve(real):
     images, labels = real[0][:24], real[1][:24]
     batches = lambda: SpeedrunBatches(images, labels, 8, seed=5)  # noqa: E731  3 steps per epoch
     L.seed_everything(0, verbose=False)
-    module = SpeedrunModule(widths=SMALL, lookahead_every=2)
+    module = SpeedrunModule(widths=SMALL, lookahead_every=2, whiten_bias_epochs=1)  # the freeze happens in both
     speedrun.make_trainer(2).fit(module, train_dataloaders=batches())
     lit = torch.stack(module.step_losses)
     L.seed_everything(0, verbose=False)
-    twin = speedrun.train_twin(AirNet(SMALL), batches(), 2, lookahead_every=2)
+    twin = speedrun.train_twin(AirNet(SMALL), batches(), 2, lookahead_every=2, whiten_bias_epochs=1)
     assert len(lit) == len(twin["losses"]) == 6 and lit.std() > 1e-4  # the losses move: a real comparison
     torch.testing.assert_close(twin["losses"], lit, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(twin["net"].state_dict(), module.net.state_dict(), rtol=1e-5, atol=1e-6)
@@ -118,17 +118,41 @@ def test_tta_shapes_and_accuracy_range(real):
 
 
 def test_schedule_warms_up_then_decays_and_biases_get_the_higher_lr():
-    """0.2 -> 1 over the first 23 % of steps, then down to 0.07; LR and decay scale with batch; bias LR x64."""
+    """0.2 -> 1 over the first 23 % of steps, then down to 0.07; LR and decay scale with batch; BN bias LR x64."""
     total = 100
     f = [modules.lr_factor(s, total) for s in range(total + 1)]
     assert f[0] == pytest.approx(0.2) and f[23] == pytest.approx(1.0) and f[total] == pytest.approx(0.07)
     assert all(a < b for a, b in zip(f[:23], f[1:24])) and all(a > b for a, b in zip(f[23:-1], f[24:]))
-    opt, sched = modules.make_speedrun_optimizer(AirNet(SMALL), total, 512, 1.5, 0.85, 2e-3, 64, 0.23)
+    net = AirNet(SMALL)
+    opt, sched = modules.make_speedrun_optimizer(net, total, 512, 1.5, 0.85, 2e-3, 64, 0.23)
     weights, biases = opt.param_groups
     assert weights["lr"] == pytest.approx(0.75 * 0.2) and biases["lr"] == pytest.approx(64 * 0.75 * 0.2)
     assert weights["lr"] * weights["weight_decay"] == pytest.approx(0.2 * 1e-3)  # same decay per step in both
     assert biases["lr"] * biases["weight_decay"] == pytest.approx(0.2 * 1e-3)
-    assert all(p.ndim < 2 for p in biases["params"]) and all(p.ndim >= 2 for p in weights["params"])
+    norm_biases = [g.norm1.bias for g in net.groups] + [g.norm2.bias for g in net.groups]
+    assert {id(p) for p in biases["params"]} == {id(p) for p in norm_biases}  # the six BatchNorm biases only
+    assert any(p is net.whiten.bias for p in weights["params"])  # the whitening bias trains at the normal LR
+
+
+def test_whitening_bias_trains_for_its_epochs_then_freezes_and_a_new_fit_trains_it_again(real):
+    """whiten_bias_epochs=1: the bias moves in epoch 0, not in epoch 1; the next fit puts it back in the optimiser."""
+    images, labels = real
+    snaps = []
+
+    class Snap(L.Callback):
+        def on_train_epoch_start(self, trainer, module):
+            snaps.append(module.net.whiten.bias.detach().clone())
+
+    L.seed_everything(0, verbose=False)
+    module = SpeedrunModule(widths=SMALL, lookahead_every=0, whiten_bias_epochs=1)
+    for _ in range(2):  # second fit: same module, as lesson 08's seed loop reuses it
+        speedrun.make_trainer(2, callbacks=[Snap()]).fit(module, train_dataloaders=SpeedrunBatches(images, labels, 20))
+        snaps.append(module.net.whiten.bias.detach().clone())
+    # snaps per fit: start of epoch 0, start of epoch 1, end of training
+    assert not torch.equal(snaps[0], snaps[1]) and torch.equal(snaps[1], snaps[2])
+    assert not torch.equal(snaps[3], snaps[4]) and torch.equal(snaps[4], snaps[5])
+    with pytest.raises(ValueError, match="whiten_bias_epochs"):
+        SpeedrunModule(whiten_bias_epochs=-1)
 
 
 def test_flops_and_fraction_of_peak():
