@@ -144,7 +144,6 @@ def init_whitening(net: AirNet, images: torch.Tensor, max_images: int = 5000, ep
     net.whitened.fill_(True)
 
 
-
 MODELS = {"simple_cnn": SimpleCNN, "lenet": LeNet, "resnet9": ResNet9, "airnet": AirNet}
 
 

@@ -20,7 +20,6 @@ from .modules import Lookahead, lookahead_decay, make_speedrun_optimizer
 warnings.filterwarnings("ignore", message=".*defined a `validation_step` but have no `val_dataloader`.*")
 
 
-
 def translate_flip(x: torch.Tensor, shifts: torch.Tensor, flips: torch.Tensor, pad: int) -> torch.Tensor:
     """Shift each image by shifts[:, i] - pad pixels (reflect padding), then mirror those with flips[i]."""
     b, c, h, w = x.shape
