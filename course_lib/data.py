@@ -94,6 +94,17 @@ def load_torchvision_cifar10(root: str | Path, train: bool, mirror_url: str | No
     return {"images": images, "labels": torch.tensor(ds.targets, dtype=torch.long), "classes": list(ds.classes)}
 
 
+def save_image_folder(data: dict, split_dir: str | Path, quality: int = 95) -> Path:
+    """Write {'images': (N,3,H,W) uint8, 'labels', 'classes'} as <split_dir>/<class>/<index>.jpg (an image folder)."""
+    split_dir = Path(split_dir)
+    for name in data["classes"]:
+        (split_dir / name).mkdir(parents=True, exist_ok=True)
+    for i, (img, label) in enumerate(zip(data["images"], data["labels"].tolist())):
+        arr = img.permute(1, 2, 0).numpy()  # (H, W, C) uint8, as PIL expects
+        Image.fromarray(arr).save(split_dir / data["classes"][label] / f"{i:05d}.jpg", quality=quality)
+    return split_dir
+
+
 def augment_batch(x: torch.Tensor, pad: int = 4) -> torch.Tensor:
     """Random crop with zero padding plus horizontal flip, vectorised over a (B, C, H, W) batch on any device."""
     b, c, h, w = x.shape

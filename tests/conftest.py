@@ -1,4 +1,4 @@
-"""Shared fixtures: the real CIFAR-10 JPEG folder, small copies of it, and per-test cache isolation."""
+"""Shared fixtures: the real CIFAR-10 JPEG folder (found or made from a download), small copies of it, and per-test cache isolation."""
 from __future__ import annotations
 
 import os
@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from course_lib import config
+from course_lib.data import load_torchvision_cifar10, save_image_folder
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_CLASSES = ("airplane", "cat", "ship")
@@ -24,14 +25,52 @@ def copy_images(src_split: Path, dst_split: Path, classes, per_class: int) -> Pa
     return dst_split
 
 
+SHARED_FOLDER = REPO.parent / "shared" / "data" / "cifar10-jpeg"  # an instructor's or CI machine's copy
+DOWNLOAD_ROOT = config.data_root()  # read at import, before each test points COURSE_DATA_ROOT at a temporary folder
+
+
+class DataUnavailable(RuntimeError):
+    """Neither an image folder nor a download gives the tests real CIFAR-10 images."""
+
+
+def locate_cifar_folder(source: str | None, shared: Path, data_root: Path, mirror_url: str | None = None) -> Path:
+    """The CIFAR-10 JPEG folder for the tests: COURSE_DATA, else the shared folder, else one made from a download.
+
+    The download branch fetches CIFAR-10 with torchvision's checked download into data_root once and writes its
+    50,000 training images as <data_root>/cifar10-jpeg/train/<class>/*.jpg; later runs reuse that folder."""
+    if source:
+        if not (Path(source) / "train").is_dir():
+            raise DataUnavailable(f"COURSE_DATA={source} has no train/<class>/*.jpg folder. Point COURSE_DATA at a "
+                                  f"folder laid out as <folder>/train/<class>/*.jpg, or unset it to download CIFAR-10.")
+        return Path(source)
+    if (shared / "train").is_dir():
+        return shared
+    folder = data_root / "cifar10-jpeg"
+    done = folder / "train" / ".complete"  # written last: a half-written folder is rebuilt, never used
+    if done.exists():
+        return folder
+    try:
+        train = load_torchvision_cifar10(data_root, train=True, mirror_url=mirror_url)
+    except RuntimeError as err:
+        raise DataUnavailable(
+            f"The tests need real CIFAR-10 images and found none: COURSE_DATA is unset, {shared} does not exist, and "
+            f"downloading CIFAR-10 into {data_root} failed ({err.__cause__ or err}). Remedies: set "
+            f"COURSE_DATA=<folder> to a folder laid out as <folder>/train/<class>/*.jpg, or connect to the internet "
+            f"once so the tests can download CIFAR-10 (170 MB, checksum verified).") from err
+    shutil.rmtree(folder / "train", ignore_errors=True)
+    print(f"Writing the {len(train['labels'])} downloaded training images as JPEG class folders in {folder} ...")
+    save_image_folder(train, folder / "train")
+    done.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def cifar_folder() -> Path:
-    """The real CIFAR-10 JPEG folder (<folder>/train/<class>/*.jpg): $COURSE_DATA, else ../shared/data/cifar10-jpeg."""
-    folder = Path(config.data_source() or Path(__file__).resolve().parents[2] / "shared/data/cifar10-jpeg")
-    if not (folder / "train").is_dir():
-        pytest.fail(f"CIFAR-10 JPEG folder {folder}/train/<class>/*.jpg not found: set COURSE_DATA=<folder> "
-                    f"to a folder laid out as <folder>/train/<class>/*.jpg.")
-    return folder
+    """The real CIFAR-10 JPEG folder (<folder>/train/<class>/*.jpg); without one the whole run stops, remedies named."""
+    try:
+        return locate_cifar_folder(config.data_source(), SHARED_FOLDER, DOWNLOAD_ROOT)
+    except DataUnavailable as err:
+        pytest.exit(str(err), returncode=pytest.ExitCode.USAGE_ERROR)
 
 
 @pytest.fixture(scope="session")

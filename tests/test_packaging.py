@@ -41,6 +41,19 @@ def test_requirement_table_sees_specifier_differences():
     assert requirement_table(["jsonargparse[signatures]>=4.27"]) != requirement_table(["jsonargparse>=4.27"])
 
 
+COMPROMISED_LIGHTNING = ("2.6.2", "2.6.3")  # malicious PyPI releases: GHSA-w37p-236h-pfx3, Lightning issue #21691
+
+
+def test_both_dependency_lists_exclude_the_compromised_lightning_releases():
+    """pyproject.toml and environment.yml admit current Lightning 2.x but never 2.6.2 or 2.6.3."""
+    env = yaml.safe_load((REPO / "environment.yml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
+    for lines in (PYPROJECT["project"]["dependencies"], [p for p in pip if p != "-e ."]):
+        _, spec = requirement_table(lines)["lightning"]
+        assert not any(spec.contains(v) for v in COMPROMISED_LIGHTNING), spec
+        assert spec.contains("2.6.6") and spec.contains("2.4.0"), spec
+
+
 @pytest.mark.parametrize("value, name, subset", [("smoke", "smoke", 2048), (" FULL ", "full", None)])
 def test_run_size_follows_course_size(monkeypatch, value, name, subset):
     """COURSE_SIZE selects the run size (case and spaces ignored)."""

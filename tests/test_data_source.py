@@ -1,0 +1,129 @@
+"""Where the tests get real CIFAR-10: COURSE_DATA, the shared folder, or a download written as JPEG class folders."""
+from __future__ import annotations
+
+import hashlib
+import http.server
+import io
+import pickle
+import tarfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from torchvision.datasets import CIFAR10
+
+from conftest import DataUnavailable, locate_cifar_folder
+from course_lib.data import CIFAR10_CLASSES, decode_image, list_image_folder
+
+PER_CLASS = 3  # real images per class in the local archive: 30 in all, 5 training batches of 6
+
+
+def md5(data: bytes) -> str:
+    return hashlib.md5(data).hexdigest()
+
+
+@pytest.fixture
+def local_mirror(cifar_folder, tmp_path, monkeypatch):
+    """A cifar-10-python.tar.gz of 30 real images, served on 127.0.0.1; torchvision's md5 table patched to match.
+
+    Yields (url, images in archive order as (N, 3, 32, 32) uint8, labels, request counter)."""
+    files, labels, classes = list_image_folder(cifar_folder / "train")
+    picks = sorted({i for c in range(10) for i in [j for j, lab in enumerate(labels) if lab == c][:PER_CLASS]})
+    images = np.stack([decode_image(files[i]).numpy() for i in picks])  # (30, 3, 32, 32)
+    targets = [CIFAR10_CLASSES.index(classes[labels[i]]) for i in picks]
+    members = {f"data_batch_{b + 1}": (images[b::5], targets[b::5]) for b in range(5)}
+    members["test_batch"] = (images[:10], targets[:10])
+    blobs = {name: pickle.dumps({"data": x.reshape(len(x), -1), "labels": list(y)}) for name, (x, y) in members.items()}
+    blobs["batches.meta"] = pickle.dumps({"label_names": CIFAR10_CLASSES})
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+        for name, blob in blobs.items():
+            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
+            info.size = len(blob)
+            tar.addfile(info, io.BytesIO(blob))
+    (tmp_path / "www").mkdir()
+    (tmp_path / "www" / "cifar-10-python.tar.gz").write_bytes(archive.getvalue())
+    monkeypatch.setattr(CIFAR10, "tgz_md5", md5(archive.getvalue()))
+    monkeypatch.setattr(CIFAR10, "train_list", [[f"data_batch_{b}", md5(blobs[f"data_batch_{b}"])] for b in range(1, 6)])
+    monkeypatch.setattr(CIFAR10, "test_list", [["test_batch", md5(blobs["test_batch"])]])
+    monkeypatch.setattr(CIFAR10, "meta", {"filename": "batches.meta", "key": "label_names",
+                                          "md5": md5(blobs["batches.meta"])})
+    hits = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(tmp_path / "www"), **kwargs)
+
+        def do_GET(self):
+            hits.append(self.path)
+            try:
+                super().do_GET()
+            except BrokenPipeError:  # torchvision opens the URL once to follow redirects, then closes it early
+                pass
+
+        def log_message(self, *args):  # keep the test output quiet
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    order = [i for b in range(5) for i in range(b, len(picks), 5)]  # torchvision concatenates batch 1..5
+    yield (f"http://127.0.0.1:{server.server_port}/cifar-10-python.tar.gz", images[order],
+           [targets[i] for i in order], hits)
+    server.shutdown()
+
+
+def test_course_data_wins(tmp_path):
+    """COURSE_DATA is used as given, before the shared folder."""
+    (tmp_path / "mine" / "train").mkdir(parents=True)
+    (tmp_path / "shared" / "train").mkdir(parents=True)
+    assert locate_cifar_folder(str(tmp_path / "mine"), tmp_path / "shared", tmp_path / "root") == tmp_path / "mine"
+
+
+def test_course_data_without_train_split_names_the_layout(tmp_path):
+    """A COURSE_DATA folder with no train/ split is an error naming the variable and the layout, not a download."""
+    with pytest.raises(DataUnavailable, match="COURSE_DATA") as err:
+        locate_cifar_folder(str(tmp_path), tmp_path / "shared", tmp_path / "root")
+    assert "<folder>/train/<class>/*.jpg" in str(err.value)
+
+
+def test_shared_folder_used_without_course_data(tmp_path):
+    """With COURSE_DATA unset, the shared folder beside the checkout is used."""
+    (tmp_path / "shared" / "train").mkdir(parents=True)
+    assert locate_cifar_folder(None, tmp_path / "shared", tmp_path / "root") == tmp_path / "shared"
+
+
+def test_download_writes_real_jpeg_class_folders_once(local_mirror, tmp_path):
+    """Neither folder: CIFAR-10 is downloaded (here from a local mirror) and written as JPEG class folders, once."""
+    url, images, targets, hits = local_mirror
+    folder = locate_cifar_folder(None, tmp_path / "no-shared", tmp_path / "root", mirror_url=url)
+    assert folder == tmp_path / "root" / "cifar10-jpeg" and hits
+    requests = len(hits)
+    files, labels, classes = list_image_folder(folder / "train")
+    assert classes == sorted(CIFAR10_CLASSES) and len(files) == len(images)
+    for f, label in zip(files, labels):  # each JPEG is its archive image, up to JPEG's rounding
+        i = int(f.stem)
+        assert classes[label] == CIFAR10_CLASSES[targets[i]]
+        assert np.abs(decode_image(f).numpy().astype(int) - images[i].astype(int)).mean() < 4
+    assert locate_cifar_folder(None, tmp_path / "no-shared", tmp_path / "root", mirror_url=url) == folder
+    assert len(hits) == requests  # the second call neither downloads nor rewrites
+
+
+def test_half_written_folder_is_rebuilt(local_mirror, tmp_path):
+    """A folder without its completion mark (an interrupted run) is written again, not used."""
+    url, images, _, _ = local_mirror
+    stale = tmp_path / "root" / "cifar10-jpeg" / "train" / "cat"
+    stale.mkdir(parents=True)
+    (stale / "junk.jpg").write_bytes(b"not an image")
+    folder = locate_cifar_folder(None, tmp_path / "no-shared", tmp_path / "root", mirror_url=url)
+    assert not (stale / "junk.jpg").exists() and len(list_image_folder(folder / "train")[0]) == len(images)
+
+
+def test_offline_without_data_names_both_remedies(tmp_path):
+    """No folder and no network (nothing listens on 127.0.0.1:9): one error naming COURSE_DATA and the download."""
+    with pytest.raises(DataUnavailable) as err:
+        locate_cifar_folder(None, tmp_path / "no-shared", tmp_path / "root",
+                            mirror_url="http://127.0.0.1:9/cifar-10-python.tar.gz")
+    msg = str(err.value)
+    assert "COURSE_DATA=<folder>" in msg and "connect to the internet once" in msg and str(tmp_path / "root") in msg
+    assert not (tmp_path / "root" / "cifar10-jpeg").exists()
