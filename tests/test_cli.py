@@ -49,6 +49,23 @@ def test_fit_writes_checkpoint_and_logs(cli, tiny_folder):
     assert saved["data"]["subset"] == 2048 and saved["data"]["image_folder"] == str(tiny_folder)
 
 
+def test_fit_redirected_to_a_file_logs_a_line_per_epoch(cli):
+    """With stdout not a terminal (captured here), fit prints one line per epoch and no progress-bar refreshes."""
+    log = cli.fit.stdout + cli.fit.stderr
+    assert "\r" not in log and len(log.encode()) < 8_000, log[-2000:]
+    lines = [line for line in cli.fit.stdout.splitlines() if line.startswith("epoch ")]
+    assert len(lines) == 1 and "1/1" in lines[0] and "val_acc" in lines[0] and "train_loss" in lines[0]
+
+
+def test_log_defaults_keep_the_progress_bar_in_a_terminal():
+    """In a terminal the usual progress bar stays; redirected, it is replaced by the per-epoch lines."""
+    from course_lib.cli import EpochLines, log_defaults
+
+    assert log_defaults(interactive=True) == {}
+    quiet = log_defaults(interactive=False)
+    assert quiet["enable_progress_bar"] is False and isinstance(quiet["callbacks"][0], EpochLines)
+
+
 def test_test_on_foreign_folder_reports_accuracy(cli, tiny_folder):
     """test --ckpt_path last.ckpt --data.test_folder grades the checkpoint and prints test_acc."""
     result = cli("test", "--ckpt_path", str(cli.out / "ckpt" / "last.ckpt"),
