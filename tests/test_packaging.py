@@ -90,16 +90,35 @@ def test_repo_url_in_readme():
     assert config.REPO_URL in readme.read_text()
 
 
-def test_repo_url_in_colab_cell():
-    """Lesson 00's Colab install cell installs from exactly config.REPO_URL."""
-    nb_path = REPO / "notebooks" / "00_setup.ipynb"
-    if not nb_path.exists():
-        pytest.skip("notebooks/00_setup.ipynb not written yet")
-    cells = [c for c in json.loads(nb_path.read_text())["cells"] if c["cell_type"] == "code"]
-    colab = [("".join(c["source"])) for c in cells if "google.colab" in "".join(c["source"])]
-    assert len(colab) == 1, "expected exactly one Colab install cell"
-    urls = re.findall(r"https://github\.com/[\w./-]+", colab[0])
+def lessons() -> list[Path]:
+    """The lesson notebooks, NN_topic.ipynb."""
+    return sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def install_cell(path: Path) -> str:
+    """A lesson's first code cell: the guarded install cell."""
+    cells = json.loads(path.read_text())["cells"]
+    return next("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+
+
+def test_every_lesson_starts_with_the_same_guarded_install_cell():
+    """Colab runs each notebook in its own runtime: every lesson's first code cell is the one install cell, verbatim."""
+    paths = lessons()
+    assert len(paths) == 9
+    cells = {p.name: install_cell(p) for p in paths}
+    assert len(set(cells.values())) == 1, f"install cells differ: {sorted(cells)}"
+    cell = cells[paths[0].name]
+    assert 'find_spec("course_lib") is None' in cell and "pip" in cell and "COURSE_INSTALL_FROM" in cell
+    urls = re.findall(r"https://github\.com/[\w./-]+", cell)
     assert urls and all(u.rstrip("/.") == config.REPO_URL for u in urls)
+
+
+def test_readme_opens_every_lesson_in_colab():
+    """The README links each lesson to Colab at config.REPO_URL's main branch."""
+    readme = (REPO / "README.md").read_text()
+    slug = config.REPO_URL.removeprefix("https://github.com/")
+    for path in lessons():
+        assert f"https://colab.research.google.com/github/{slug}/blob/main/notebooks/{path.name}" in readme, path.name
 
 
 def source_texts():
