@@ -25,45 +25,107 @@ FIELDS = ["name", "images_per_s", "step_ms", "peak_mem_mb", "data_wait", "warmup
           "precision", "device"]
 
 
+class DeviceTimer:
+    """Marks points in time on a device: CUDA events on a GPU (read after one synchronize), else a host clock.
+
+    Marking never waits for the GPU; the first `seconds` read after new marks synchronizes once, so a window of
+    n steps costs one synchronize, not one per step (a sync per step would also drain the queue the GPU works from)."""
+
+    def __init__(self, device: torch.device | str = "cpu", clock: Callable[[], float] = time.perf_counter):
+        self.device, self.clock = torch.device(device), clock
+        self.cuda = self.device.type == "cuda"
+        self._pending = False  # events recorded since the last synchronize
+
+    def mark(self):
+        """Now: a CUDA event on the current stream (reached once the work queued before it is done), else clock()."""
+        if not self.cuda:
+            return self.clock()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        self._pending = True
+        return event
+
+    def seconds(self, start, end) -> float:
+        """Seconds from mark `start` to mark `end`."""
+        if not self.cuda:
+            return end - start
+        if self._pending:  # once per window: every event recorded so far is then complete
+            torch.cuda.synchronize(self.device)
+            self._pending = False
+        return start.elapsed_time(end) / 1e3  # elapsed_time is in ms
+
+
+def time_calls(fn: Callable[[], object], repeats: int, warmup: int = 0, device: torch.device | str = "cpu",
+               clock: Callable[[], float] = time.perf_counter) -> list[float]:
+    """Seconds taken by each of `repeats` calls of `fn()` after `warmup` untimed ones; one synchronize in all."""
+    for _ in range(warmup):
+        fn()
+    timer = DeviceTimer(device, clock)
+    marks = [timer.mark()]
+    for _ in range(repeats):
+        fn()
+        marks.append(timer.mark())  # one mark ends a call and starts the next
+    return [timer.seconds(a, b) for a, b in zip(marks, marks[1:])]
+
+
 class BenchCallback(L.Callback):
-    """Times each training step, the gap before it (waiting for data) and the warm-up, and tracks peak memory."""
+    """Times each training step, the gap before it (waiting for data) and the warm-up, and tracks peak memory.
+
+    Marks are taken with DeviceTimer (CUDA events on a GPU) and turned into seconds on first reading step_s,
+    wait_s, warmup_s or throughput after training: one synchronize per run instead of two per step. On a GPU the
+    times are on the GPU's timeline: a gap counts only where the GPU sat idle, not while the host ran ahead."""
 
     def __init__(self, warmup: int, steps: int, clock: Callable[[], float] = time.perf_counter):
         if steps < 2:
             raise ValueError(f"A benchmark needs at least 2 timed steps, got {steps}.")
-        self.warmup, self.clock = warmup, clock
-        self.step_s: list[float] = []  # timed steps only
-        self.wait_s: list[float] = []  # gap between a step's end and the next step's start, timed steps only
-        self.samples, self.peak_rss, self.warmup_s = 0, 0, 0.0
-        self.throughput = Throughput(window_size=steps)  # Lightning's images/s bookkeeping, over the timed steps
-
-    def _now(self, pl_module) -> float:
-        if pl_module.device.type == "cuda":
-            torch.cuda.synchronize(pl_module.device)  # time the work, not its launch
-        return self.clock()
+        self.warmup, self.steps, self.clock = warmup, steps, clock
+        self.timer = DeviceTimer("cpu", clock)
+        self.samples, self.peak_rss = 0, 0
+        self._begin, self._marks = None, []  # per batch: (global_step, previous end, start, end, images)
+        self._read = None  # (number of marks, figures) from the last reading
 
     def on_train_start(self, trainer, pl_module) -> None:
-        self._t_begin = self._prev_end = self._now(pl_module)
+        self.timer = DeviceTimer(pl_module.device, self.clock)
+        self._marks, self._read = [], None
+        self._begin = self._prev_end = self.timer.mark()
         if pl_module.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(pl_module.device)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
-        self._t_start = self._now(pl_module)
-        self._wait = self._t_start - self._prev_end
+        self._start = self.timer.mark()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        end = self._now(pl_module)
-        self._prev_end = end
+        end = self.timer.mark()
         step = trainer.global_step  # already counts this step
-        if step == self.warmup:  # compilation, allocation and autotuning end up here
-            self.warmup_s, self._t0 = end - self._t_begin, end
-        elif step > self.warmup:
-            self.step_s.append(end - self._t_start)
-            self.wait_s.append(self._wait)
+        self._marks.append((step, self._prev_end, self._start, end, len(batch[1])))
+        self._prev_end = end
+        if step > self.warmup:
             self.batch_size = len(batch[1])
             self.samples += self.batch_size
-            self.throughput.update(time=end - self._t0, batches=len(self.step_s), samples=self.samples)
         self.peak_rss = max(self.peak_rss, psutil.Process().memory_info().rss)
+
+    def _figures(self) -> dict:
+        """Step and wait seconds, warm-up seconds and Lightning's Throughput, from the marks (synchronizes once)."""
+        if self._read and self._read[0] == len(self._marks):
+            return self._read[1]
+        sec, t0 = self.timer.seconds, self._begin
+        fig = {"step_s": [], "wait_s": [], "warmup_s": 0.0, "throughput": Throughput(window_size=self.steps)}
+        samples = 0
+        for step, prev_end, start, end, images in self._marks:
+            if step == self.warmup:  # compilation, allocation and autotuning end up here
+                fig["warmup_s"], t0 = sec(self._begin, end), end
+            elif step > self.warmup:
+                fig["step_s"].append(sec(start, end))
+                fig["wait_s"].append(sec(prev_end, start))  # gap between the last step's end and this start
+                samples += images
+                fig["throughput"].update(time=sec(t0, end), batches=len(fig["step_s"]), samples=samples)
+        self._read = (len(self._marks), fig)
+        return fig
+
+    step_s = property(lambda self: self._figures()["step_s"], doc="Seconds per timed step.")
+    wait_s = property(lambda self: self._figures()["wait_s"], doc="Seconds before each timed step (data wait).")
+    warmup_s = property(lambda self: self._figures()["warmup_s"], doc="Seconds from train start to warm-up end.")
+    throughput = property(lambda self: self._figures()["throughput"], doc="Lightning's images/s over timed steps.")
 
 
 def bench(module: L.LightningModule, datamodule: L.LightningDataModule, name: str, steps: int, warmup: int = 5,

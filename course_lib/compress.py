@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import os
 import statistics
-import time
 import zlib
 from pathlib import Path
 
@@ -22,6 +21,8 @@ from torchao.quantization.pt2e import allow_exported_model_train_eval, move_expo
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e, prepare_qat_pt2e
 from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
     X86InductorQuantizer, get_default_x86_inductor_quantization_config)
+
+from .bench import time_calls
 
 #: the batch dimension stays symbolic in every exported graph, so one program serves batch 1 and batch 64
 BATCH = torch.export.Dim("batch", min=1, max=4096)
@@ -208,17 +209,10 @@ def zipped_mb(path: str | Path) -> float:
 
 
 @torch.no_grad()
-def latency_ms(model, batch: int, warmup: int = 2, repeats: int = 20, shape=(3, 32, 32)) -> float:
-    """Median wall time in ms of one forward pass on a random (batch, *shape) input on the CPU, after warm-up."""
-    x = example_input(batch, shape)
-    for _ in range(warmup):
-        model(x)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        model(x)
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+def latency_ms(model, batch: int, warmup: int = 2, repeats: int = 20, shape=(3, 32, 32), device: str = "cpu") -> float:
+    """Median ms of one forward pass on a random (batch, *shape) input on `device`, after warm-up (bench.time_calls)."""
+    x = example_input(batch, shape).to(device)
+    return 1e3 * statistics.median(time_calls(lambda: model(x), repeats, warmup, device))
 
 
 @torch.no_grad()

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-#: The course repository; the Colab cell in lesson 00 and the README badges must use this exact URL (tested).
+#: The course repository (a placeholder until it is published: change it here, then wherever the tests point).
+#: Every lesson's install cell and the README's Colab links must use this exact URL (tested).
 REPO_URL = "https://github.com/fast-dl-course/lightning-speed-course"
 
 SIZE_ENV = "COURSE_SIZE"  # smoke | full
@@ -87,6 +88,7 @@ def hardware() -> dict:
         "cpu": _cpu_name(),
         "cpu_cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "cpu_bf16_native": cpu_bf16_native(),
         "gpu": None,
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -136,6 +138,29 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+#: x86 instruction sets that compute bf16 natively (AVX-512 bf16 dot products, AMX bf16 tiles); without one, CPU
+#: autocast converts bf16 to fp32 around every product and bf16-mixed runs slower than fp32
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def bf16_flags_in_cpuinfo(text: str) -> bool:
+    """Whether /proc/cpuinfo text lists a native bf16 instruction set on its first `flags` line."""
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return bool(set(line.partition(":")[2].split()) & set(CPU_BF16_FLAGS))
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_bf16_native() -> bool:
+    """Whether this CPU computes bf16 natively: torch.cpu.get_capabilities() where torch has it, else /proc/cpuinfo."""
+    caps = getattr(torch.cpu, "get_capabilities", None)
+    if caps is not None:
+        return any(bool(caps().get(flag, False)) for flag in CPU_BF16_FLAGS)
+    try:
+        return bf16_flags_in_cpuinfo(Path("/proc/cpuinfo").read_text())
+    except OSError:  # no /proc (macOS, Windows): assume emulated bf16, the safe default
+        return False
+
+
 def hardware_label(info: dict | None = None) -> str:
     """A one-line name for the hardware, used under every published figure."""
     info = info or hardware()
@@ -148,13 +173,17 @@ PRECISIONS = ("32-true", "16-mixed", "bf16-mixed")
 
 
 def choose_precision(requested: str | None = None, info: dict | None = None) -> str:
-    """Lightning precision for this hardware: bf16-mixed where bf16 is native or on CPU, 16-mixed on older GPUs.
+    """Lightning precision for this hardware: bf16-mixed where bf16 is native, else 16-mixed on a GPU, 32-true on a CPU.
 
-    An explicit request the hardware lacks raises an error that names the alternative."""
+    Native bf16: a GPU of compute capability 8.0 or newer (info["bf16_native"]), or a CPU with AVX512_BF16 or AMX
+    (info["cpu_bf16_native"]; a missing fact counts as not native). An explicit request the hardware lacks raises a
+    ValueError that names the alternative; nothing falls back silently. An explicit bf16-mixed on a CPU without
+    native bf16 is honoured: it runs (emulated, usually slower than fp32), which is what lesson 04 measures."""
     info = info or hardware()
-    gpu, native_bf16 = info.get("gpu"), info.get("bf16_native", False)
+    gpu = info.get("gpu")
+    native_bf16 = info.get("bf16_native", False) if gpu else info.get("cpu_bf16_native", False)
     if requested is None:
-        return "bf16-mixed" if native_bf16 or not gpu else "16-mixed"
+        return "bf16-mixed" if native_bf16 else "16-mixed" if gpu else "32-true"
     if requested not in PRECISIONS:
         raise ValueError(f"Unknown precision {requested!r}; choose one of {PRECISIONS}.")
     if requested == "bf16-mixed" and gpu and not native_bf16:
@@ -162,7 +191,7 @@ def choose_precision(requested: str | None = None, info: dict | None = None) -> 
                          f"compute capability 8.0 or newer. Use precision='16-mixed' (fp16 with loss scaling).")
     if requested == "16-mixed" and not gpu:
         raise ValueError("precision='16-mixed' (fp16 with a GradScaler) is a GPU technique and there is no CUDA GPU "
-                         "here. Use 'bf16-mixed' on the CPU, or run on a GPU.")
+                         "here. Use '32-true', or 'bf16-mixed' on a CPU with AVX512_BF16 or AMX, or run on a GPU.")
     return requested
 
 
@@ -193,4 +222,5 @@ def load_results(lesson: str) -> list[dict]:
 
 
 __all__ = ["REPO_URL", "RunSize", "SIZES", "run_size", "data_root", "build_dir", "data_source", "hardware",
-           "hardware_label", "PRECISIONS", "choose_precision", "banner", "record", "load_results"]
+           "CPU_BF16_FLAGS", "bf16_flags_in_cpuinfo", "cpu_bf16_native", "hardware_label", "PRECISIONS",
+           "choose_precision", "banner", "record", "load_results"]

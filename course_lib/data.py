@@ -221,6 +221,10 @@ class CIFAR10DataModule(L.LightningDataModule):
             return None
         return load_image_folder(Path(hp.image_folder) / split, self.data_dir / "cache", load=load)
 
+    def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):
+        x, y = batch  # our batches are always (images, labels): skip Lightning's generic collection walk
+        return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
     def prepare_data(self) -> None:
         """Download (torchvision) or decode into the cache (image folder), once, on one process."""
         if self.hparams.test_folder:

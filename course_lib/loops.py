@@ -7,7 +7,7 @@ import lightning as L
 import torch
 from torch import nn
 
-from .modules import make_optimizer
+from .optim import make_optimizer
 
 
 def sync(device: torch.device | str) -> None:

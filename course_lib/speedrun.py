@@ -14,7 +14,7 @@ from . import config
 from .data import CIFAR10_MEAN, CIFAR10_STD, DeviceCIFAR10DataModule, EpochSampler
 from .loops import sync
 from .models import WIDTHS, AirNet, init_whitening
-from .modules import Lookahead, lookahead_decay, make_speedrun_optimizer
+from .optim import Lookahead, lookahead_decay, make_speedrun_optimizer
 
 # the speedrun trains without validation; Lightning would warn about the unused validation_step on every fit
 warnings.filterwarnings("ignore", message=".*defined a `validation_step` but have no `val_dataloader`.*")

@@ -8,7 +8,8 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from course_lib.data import CIFAR10DataModule
 from course_lib.loops import confusion_matrix, predict
-from course_lib.modules import ImageClassifierModule, make_optimizer
+from course_lib.modules import ImageClassifierModule
+from course_lib.optim import make_optimizer
 
 
 def quiet_trainer(tmp_path, **kw) -> L.Trainer:

@@ -1,5 +1,6 @@
-"""bench harness, GPU-resident data module and precision helper (lesson 03-05 foundations)."""
+"""bench harness and its timing, GPU-resident data module (lesson 03-05 foundations); precision: test_config_policy."""
 import itertools
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -92,26 +93,83 @@ def test_device_batches_follow_the_epoch(dm_kwargs):
     assert not torch.equal(first, second) and torch.equal(first.sort().values, second.sort().values)
 
 
-GPU_OLD = {"gpu": "Tesla T4", "compute_capability": "7.5", "bf16_native": False}
-GPU_NEW = {"gpu": "NVIDIA H100", "compute_capability": "9.0", "bf16_native": True}
-CPU = {"gpu": None}
+class FakeEvent:
+    """torch.cuda.Event stand-in: record() stamps the next tick of a shared 1 ms clock; elapsed_time in ms."""
+
+    ticks = 0
+
+    def __init__(self, enable_timing: bool = False):
+        self.t = None
+
+    def record(self, stream=None) -> None:
+        FakeEvent.ticks += 1
+        self.t = float(FakeEvent.ticks)
+
+    def elapsed_time(self, end: "FakeEvent") -> float:
+        return end.t - self.t
 
 
-@pytest.mark.parametrize("info, expected", [(GPU_NEW, "bf16-mixed"), (GPU_OLD, "16-mixed"), (CPU, "bf16-mixed")])
-def test_precision_default_follows_hardware(info, expected):
-    """bf16 where native, fp16 on older GPUs, bf16 on CPU."""
-    assert config.choose_precision(None, info) == expected
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """CUDA timing calls replaced by stubs; returns the list that collects each synchronize call."""
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: syncs.append(device))
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    FakeEvent.ticks = 0
+    return syncs
 
 
-def test_precision_errors_name_the_remedy():
-    """Requests the hardware lacks, or unknown names, fail with the alternative named."""
-    with pytest.raises(ValueError, match="16-mixed"):
-        config.choose_precision("bf16-mixed", GPU_OLD)
-    with pytest.raises(ValueError, match="bf16-mixed"):
-        config.choose_precision("16-mixed", CPU)
-    with pytest.raises(ValueError, match="Unknown precision"):
-        config.choose_precision("fp8", GPU_NEW)
-    assert config.choose_precision("32-true", CPU) == "32-true"
+def run_callback_window(warmup: int, steps: int) -> bench.BenchCallback:
+    """Drive BenchCallback's hooks as Lightning does, for `warmup + steps` steps of 8 images on a 'cuda' module."""
+    cb = bench.BenchCallback(warmup, steps)
+    trainer, module = SimpleNamespace(global_step=0), SimpleNamespace(device=torch.device("cuda", 0))
+    batch = (torch.zeros(8, 3, 2, 2), torch.zeros(8, dtype=torch.long))
+    cb.on_train_start(trainer, module)
+    for i in range(warmup + steps):
+        cb.on_train_batch_start(trainer, module, batch, i)
+        trainer.global_step += 1
+        cb.on_train_batch_end(trainer, module, None, batch, i)
+    return cb
+
+
+@pytest.mark.parametrize("steps", [3, 30])
+def test_gpu_bench_syncs_once_per_window_not_per_step(fake_cuda, steps):
+    """On CUDA the callback records events per step and synchronizes once, when its figures are first read."""
+    cb = run_callback_window(warmup=2, steps=steps)
+    assert fake_cuda == []  # nothing waited for the GPU during training
+    assert len(cb.step_s) == steps and len(cb.wait_s) == steps
+    images_per_s, warmup_s = cb.throughput.compute()["device/samples_per_sec"], cb.warmup_s
+    assert len(fake_cuda) == 1  # one synchronize for the window, whatever its length
+    # each event is 1 ms after the previous one: steps and gaps span 1 ms, warm-up 4 ms, step ends 2 ms apart
+    assert cb.step_s == pytest.approx([1e-3] * steps) and cb.wait_s == pytest.approx([1e-3] * steps)
+    assert warmup_s == pytest.approx(4e-3) and images_per_s == pytest.approx(8 / 2e-3)
+    assert len(fake_cuda) == 1  # reading again does not sync again
+
+
+@pytest.mark.parametrize("repeats", [3, 30])
+def test_time_calls_syncs_once_on_gpu(fake_cuda, repeats):
+    """bench.time_calls (behind compress.latency_ms) times repeats with events and one synchronize."""
+    calls = []
+    seconds = bench.time_calls(lambda: calls.append(1), repeats, warmup=2, device="cuda")
+    assert len(calls) == repeats + 2 and seconds == pytest.approx([1e-3] * repeats)
+    assert len(fake_cuda) == 1
+
+
+def test_time_calls_on_cpu_reads_the_clock():
+    """On the CPU each call spans consecutive clock readings; no CUDA call is made."""
+    assert bench.time_calls(lambda: None, 4, warmup=1, clock=FakeClock(0.5)) == [0.5] * 4
+
+
+def test_latency_ms_runs_warmup_plus_repeats_forward_passes():
+    """compress.latency_ms goes through time_calls: warm-up + repeats passes on a (batch, 3, 32, 32) input."""
+    from course_lib import compress
+
+    shapes = []
+    model = lambda x: shapes.append(tuple(x.shape))  # noqa: E731
+    assert compress.latency_ms(model, 4, warmup=2, repeats=5) >= 0
+    assert shapes == [(4, 3, 32, 32)] * 7
 
 
 def test_device_data_module_trains_validates_and_tests(dm_kwargs):

@@ -3,7 +3,7 @@ import lightning as L
 import pytest
 import torch
 
-from course_lib import bench, modules, speedrun
+from course_lib import bench, optim, speedrun
 from course_lib.data import load_image_folder
 from course_lib.models import AirNet, count_parameters, init_whitening
 from course_lib.speedrun import SpeedrunBatches, SpeedrunModule
@@ -46,7 +46,7 @@ def test_whitening_is_deterministic_decorrelates_and_stays_frozen(real):
     off = cov - torch.diag(cov.diagonal())
     assert off.abs().max() < 1e-3 * cov.diagonal().max() and cov.diagonal().max() <= 1.01
     frozen = a.whiten.weight.clone()
-    opt, _ = modules.make_speedrun_optimizer(a, 10, 60, 1.5, 0.85, 2e-3, 64, 0.23)
+    opt, _ = optim.make_speedrun_optimizer(a, 10, 60, 1.5, 0.85, 2e-3, 64, 0.23)
     torch.nn.functional.cross_entropy(a(torch.randn(4, 3, 32, 32)), labels[:4]).backward()
     opt.step()
     assert torch.equal(a.whiten.weight, frozen)
@@ -120,11 +120,11 @@ def test_tta_shapes_and_accuracy_range(real):
 def test_schedule_warms_up_then_decays_and_biases_get_the_higher_lr():
     """0.2 -> 1 over the first 23 % of steps, then down to 0.07; LR and decay scale with batch; BN bias LR x64."""
     total = 100
-    f = [modules.lr_factor(s, total) for s in range(total + 1)]
+    f = [optim.lr_factor(s, total) for s in range(total + 1)]
     assert f[0] == pytest.approx(0.2) and f[23] == pytest.approx(1.0) and f[total] == pytest.approx(0.07)
     assert all(a < b for a, b in zip(f[:23], f[1:24])) and all(a > b for a, b in zip(f[23:-1], f[24:]))
     net = AirNet(SMALL)
-    opt, sched = modules.make_speedrun_optimizer(net, total, 512, 1.5, 0.85, 2e-3, 64, 0.23)
+    opt, sched = optim.make_speedrun_optimizer(net, total, 512, 1.5, 0.85, 2e-3, 64, 0.23)
     weights, biases = opt.param_groups
     assert weights["lr"] == pytest.approx(0.75 * 0.2) and biases["lr"] == pytest.approx(64 * 0.75 * 0.2)
     assert weights["lr"] * weights["weight_decay"] == pytest.approx(0.2 * 1e-3)  # same decay per step in both

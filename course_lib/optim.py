@@ -1,0 +1,70 @@
+"""Optimisers, learning-rate schedules and lookahead: lesson 02's SGD + one-cycle and lesson 08's speedrun recipe."""
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+
+def make_optimizer(params, total_steps: int, optimizer: str = "sgd", lr: float = 0.05, momentum: float = 0.9,
+                   nesterov: bool = True, weight_decay: float = 5e-4, schedule: str = "onecycle",
+                   warmup_fraction: float = 0.25):
+    """The optimiser and per-step LR schedule shared by the Lightning module and the plain loop."""
+    if optimizer == "sgd":
+        opt = torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
+    else:
+        opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    if schedule == "constant":
+        return opt, None
+    if total_steps < 4:  # fast_dev_run and other smoke checks: OneCycleLR cannot split fewer steps into phases
+        warnings.warn(f"One-cycle schedule skipped: the run has only {total_steps} optimizer steps (needs 4+); "
+                      f"the learning rate stays at {lr}.")
+        return opt, None
+    # OneCycleLR divides by (warm-up steps - 1): very short runs (smoke tests) get at least 2 warm-up steps
+    pct_start = min(0.5, max(warmup_fraction, 2 / max(total_steps, 1)))
+    return opt, torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, pct_start=pct_start, total_steps=total_steps)
+
+
+def lr_factor(step: int, total: int, warmup: float = 0.23, start: float = 0.2, end: float = 0.07) -> float:
+    """Schedule multiplier: linear from `start` to 1 over the first `warmup` of the steps, then linear to `end`."""
+    peak = max(1, round(warmup * total))
+    if step < peak:
+        return start + (1 - start) * step / peak
+    return 1 + (end - 1) * min(1.0, (step - peak) / max(1, total - peak))
+
+
+def make_speedrun_optimizer(net: nn.Module, total_steps: int, batch_size: int, lr: float, momentum: float,
+                            weight_decay: float, bias_scale: float, warmup: float):
+    """Nesterov SGD with BatchNorm biases at bias_scale x the LR, and its per-step warm-up/decay schedule.
+
+    lr and weight_decay are given for batch 1024 and scale linearly with the batch (a fixed rate per image);
+    weight_decay is lr x SGD's decay, the shrink it adds per step at peak LR, kept equal in both groups."""
+    norm = {id(p) for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) for p in m.parameters()}
+    params = [p for p in net.parameters() if p.requires_grad]
+    biases, weights = [p for p in params if id(p) in norm], [p for p in params if id(p) not in norm]
+    lr = lr * batch_size / 1024
+    decay = weight_decay * batch_size / 1024
+    groups = [{"params": weights, "lr": lr, "weight_decay": decay / lr},  # SGD multiplies wd by the group's lr
+              {"params": biases, "lr": lr * bias_scale, "weight_decay": decay / (lr * bias_scale)}]
+    opt = torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, total_steps, warmup))
+    return opt, sched
+
+
+def lookahead_decay(step: int, total: int, base: float = 0.95**5) -> float:
+    """How much of the slow weights a lookahead update keeps: 0 early (no averaging), rising as the cube of progress."""
+    return base * (step / total) ** 3
+
+
+class Lookahead:
+    """Slow copy of all float weights and BN statistics: update pulls it towards the net, then resets the net to it."""
+
+    def __init__(self, net: nn.Module):
+        self.fast = [t for t in net.state_dict().values() if t.is_floating_point()]  # share storage with the net
+        self.slow = [t.detach().clone() for t in self.fast]
+
+    @torch.no_grad()
+    def update(self, decay: float) -> None:
+        torch._foreach_lerp_(self.slow, self.fast, 1 - decay)  # slow += (1 - decay) (fast - slow)
+        torch._foreach_copy_(self.fast, self.slow)  # decay=1 just copies the slow weights into the net
