@@ -17,55 +17,13 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from . import config
+from .timing import DeviceTimer
 
 # dense bf16 tensor-core peaks in TFLOP/s from the vendors' data sheets; first matching name wins (order matters)
 PEAK_BF16_TFLOPS = [("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("A100", 312.0), ("L40S", 362.0),
                     ("L40", 181.0), ("L4", 121.0)]
 FIELDS = ["name", "images_per_s", "step_ms", "peak_mem_mb", "data_wait", "warmup_s", "steps", "batch_size",
           "precision", "device"]
-
-
-class DeviceTimer:
-    """Marks points in time on a device: CUDA events on a GPU (read after one synchronize), else a host clock.
-
-    Marking never waits for the GPU; the first `seconds` read after new marks synchronizes once, so a window of
-    n steps costs one synchronize, not one per step (a sync per step would also drain the queue the GPU works from)."""
-
-    def __init__(self, device: torch.device | str = "cpu", clock: Callable[[], float] = time.perf_counter):
-        self.device, self.clock = torch.device(device), clock
-        self.cuda = self.device.type == "cuda"
-        self._pending = False  # events recorded since the last synchronize
-
-    def mark(self):
-        """Now: a CUDA event on the current stream (reached once the work queued before it is done), else clock()."""
-        if not self.cuda:
-            return self.clock()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        self._pending = True
-        return event
-
-    def seconds(self, start, end) -> float:
-        """Seconds from mark `start` to mark `end`."""
-        if not self.cuda:
-            return end - start
-        if self._pending:  # once per window: every event recorded so far is then complete
-            torch.cuda.synchronize(self.device)
-            self._pending = False
-        return start.elapsed_time(end) / 1e3  # elapsed_time is in ms
-
-
-def time_calls(fn: Callable[[], object], repeats: int, warmup: int = 0, device: torch.device | str = "cpu",
-               clock: Callable[[], float] = time.perf_counter) -> list[float]:
-    """Seconds taken by each of `repeats` calls of `fn()` after `warmup` untimed ones; one synchronize in all."""
-    for _ in range(warmup):
-        fn()
-    timer = DeviceTimer(device, clock)
-    marks = [timer.mark()]
-    for _ in range(repeats):
-        fn()
-        marks.append(timer.mark())  # one mark ends a call and starts the next
-    return [timer.seconds(a, b) for a, b in zip(marks, marks[1:])]
 
 
 class BenchCallback(L.Callback):
@@ -128,6 +86,37 @@ class BenchCallback(L.Callback):
     throughput = property(lambda self: self._figures()["throughput"], doc="Lightning's images/s over timed steps.")
 
 
+class EpochTimer(L.Callback):
+    """Seconds of each training epoch, validation excluded: DeviceTimer marks, read with one synchronize after fit."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self.clock, self._epochs = clock, []  # per epoch: [start, end, [(validation start, end), ...]]
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.timer, self._epochs = DeviceTimer(pl_module.device, self.clock), []
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._epochs.append([self.timer.mark(), None, []])
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking and self._epochs:  # inside fit: not training
+            self._epochs[-1][2].append([self.timer.mark(), None])
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking and self._epochs:
+            self._epochs[-1][2][-1][1] = self.timer.mark()
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self._epochs[-1][1] = self.timer.mark()
+
+    @property
+    def seconds(self) -> list[float]:
+        """Training seconds per finished epoch."""
+        sec = getattr(self, "timer", None) and self.timer.seconds
+        return [sec(start, end) - sum(sec(a, b) for a, b in vals) for start, end, vals in self._epochs
+                if end is not None]
+
+
 def bench(module: L.LightningModule, datamodule: L.LightningDataModule, name: str, steps: int, warmup: int = 5,
           precision: str = "32-true", accelerator: str = "auto", clock: Callable[[], float] = time.perf_counter,
           **trainer_kwargs) -> dict:
@@ -173,9 +162,9 @@ def add_speedups(rows: list[dict], baseline: str) -> list[dict]:
     return [{**r, "speedup": r["images_per_s"] / base["images_per_s"]} for r in rows]
 
 
-def table(rows: list[dict]) -> str:
-    """A markdown table of result rows, with the hardware named under it."""
-    cols = [c for c in FIELDS + ["speedup", "repeats"] if c in rows[0]]
+def table(rows: list[dict], fields: list[str] | None = None) -> str:
+    """A markdown table of result rows (the given fields, default FIELDS), with the hardware and size under it."""
+    cols = [c for c in (fields or FIELDS + ["speedup", "repeats"]) if c in rows[0]]
     fmt = lambda v: f"{v:,.3g}" if isinstance(v, float) else str(v)  # noqa: E731
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows]

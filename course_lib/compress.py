@@ -22,7 +22,7 @@ from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e, 
 from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
     X86InductorQuantizer, get_default_x86_inductor_quantization_config)
 
-from .bench import time_calls
+from .timing import time_calls
 
 #: the batch dimension stays symbolic in every exported graph, so one program serves batch 1 and batch 64
 BATCH = torch.export.Dim("batch", min=1, max=4096)
@@ -210,7 +210,7 @@ def zipped_mb(path: str | Path) -> float:
 
 @torch.no_grad()
 def latency_ms(model, batch: int, warmup: int = 2, repeats: int = 20, shape=(3, 32, 32), device: str = "cpu") -> float:
-    """Median ms of one forward pass on a random (batch, *shape) input on `device`, after warm-up (bench.time_calls)."""
+    """Median ms of one forward pass on a random (batch, *shape) input on `device`, after warm-up (timing.time_calls)."""
     x = example_input(batch, shape).to(device)
     return 1e3 * statistics.median(time_calls(lambda: model(x), repeats, warmup, device))
 

@@ -105,18 +105,25 @@ def save_image_folder(data: dict, split_dir: str | Path, quality: int = 95) -> P
     return split_dir
 
 
-def augment_batch(x: torch.Tensor, pad: int = 4) -> torch.Tensor:
-    """Random crop with zero padding plus horizontal flip, vectorised over a (B, C, H, W) batch on any device."""
+def crop_flip(x: torch.Tensor, shifts: torch.Tensor, flips: torch.Tensor, pad: int,
+              mode: str = "constant") -> torch.Tensor:
+    """The one crop+flip kernel: crop each image of a (B, C, H, W) batch at offset shifts[:, i] of its padded copy
+    (pad pixels each side, zeros or reflection), then mirror the images where flips[i]; any device."""
     b, c, h, w = x.shape
-    dev = x.device
-    padded = torch.nn.functional.pad(x, (pad, pad, pad, pad))  # (B, C, H + 2 pad, W + 2 pad)
-    dy, dx = torch.randint(0, 2 * pad + 1, (2, b), device=dev)  # each image's crop offset
-    rows = (dy[:, None] + torch.arange(h, device=dev))[:, None, :, None]  # (B, 1, H, 1)
-    cols = (dx[:, None] + torch.arange(w, device=dev))[:, None, None, :]  # (B, 1, 1, W)
-    out = padded[torch.arange(b, device=dev)[:, None, None, None], torch.arange(c, device=dev)[None, :, None, None],
-                 rows, cols]  # (B, C, H, W)
-    flip = torch.rand(b, device=dev) < 0.5
-    return torch.where(flip[:, None, None, None], out.flip(3), out)
+    if pad > 0:
+        x = torch.nn.functional.pad(x, (pad,) * 4, mode=mode)  # (B, C, H + 2 pad, W + 2 pad)
+        dev = x.device
+        rows = (shifts[0][:, None] + torch.arange(h, device=dev))[:, None, :, None]  # (B, 1, H, 1)
+        cols = (shifts[1][:, None] + torch.arange(w, device=dev))[:, None, None, :]  # (B, 1, 1, W)
+        x = x[torch.arange(b, device=dev)[:, None, None, None], torch.arange(c, device=dev)[None, :, None, None],
+              rows, cols]  # (B, C, H, W)
+    return torch.where(flips[:, None, None, None], x.flip(3), x)
+
+
+def augment_batch(x: torch.Tensor, pad: int = 4) -> torch.Tensor:
+    """Random crop with zero padding plus horizontal flip, drawn on the batch's device (lessons 03-05)."""
+    shifts = torch.randint(0, 2 * pad + 1, (2, len(x)), device=x.device)  # each image's crop offset
+    return crop_flip(x, shifts, torch.rand(len(x), device=x.device) < 0.5, pad)
 
 
 def to_float(x: torch.Tensor, mean=CIFAR10_MEAN, std=CIFAR10_STD) -> torch.Tensor:
@@ -165,9 +172,12 @@ class EpochSampler(Sampler[int]):
     def set_epoch(self, epoch: int) -> None:  # Lightning calls this at the start of every epoch
         self.epoch = epoch
 
+    def permutation(self) -> torch.Tensor:
+        """This epoch's order as an (n,) int64 CPU tensor."""
+        return torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 100_003 + self.epoch))
+
     def __iter__(self):
-        g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        return iter(torch.randperm(self.n, generator=g).tolist())
+        return iter(self.permutation().tolist())
 
     def __len__(self) -> int:
         return self.n
@@ -291,52 +301,3 @@ class CIFAR10DataModule(L.LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader(self.test_set, train=False)
-
-
-class DeviceBatches:
-    """Batches sliced from tensors that already live on the device: no DataLoader, no workers, no copies."""
-
-    def __init__(self, ds: ImageTensorDataset, batch_size: int, shuffle: bool, seed: int):
-        self.ds, self.batch_size, self.shuffle = ds, batch_size, shuffle
-        self.sampler = EpochSampler(len(ds), seed)  # Lightning finds .sampler and calls set_epoch on it
-        self.batch_sampler = None  # Lightning inspects it to tell whether evaluation data are shuffled
-
-    def __len__(self) -> int:
-        return -(-len(self.ds) // self.batch_size)  # ceil: the last batch may be smaller
-
-    def __iter__(self):
-        n, dev = len(self.ds), self.ds.images.device
-        order = torch.tensor(list(self.sampler), device=dev) if self.shuffle else torch.arange(n, device=dev)
-        for idx in order.split(self.batch_size):
-            x = self.ds.images[idx]  # (B, C, H, W) uint8, gathered on the device
-            x = augment_batch(x.float()) if self.ds.augment else x
-            yield to_float(x, self.ds.mean, self.ds.std), self.ds.labels[idx]
-
-
-class DeviceCIFAR10DataModule(CIFAR10DataModule):
-    """CIFAR10DataModule whose whole uint8 dataset sits on the accelerator; batches are normalised and augmented there."""
-
-    def __init__(self, *args, device: str | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.device = device  # None: the Trainer's device, else the GPU if there is one, else the CPU
-
-    def setup(self, stage: str | None = None) -> None:
-        super().setup(stage)
-        dev = torch.device(self.device or (self.trainer.strategy.root_device if self.trainer
-                                           else "cuda" if torch.cuda.is_available() else "cpu"))
-        for name in ("train_set", "val_set", "test_set"):
-            ds = getattr(self, name, None)
-            if ds is not None:  # 50,000 images are 150 MB as uint8: one copy, then every epoch reads device memory
-                ds.images, ds.labels = ds.images.to(dev), ds.labels.to(dev)
-
-    def train_dataloader(self) -> DeviceBatches:
-        return DeviceBatches(self.train_set, self.hparams.batch_size, shuffle=True, seed=self.hparams.seed)
-
-    def val_dataloader(self) -> DeviceBatches:
-        return DeviceBatches(self.val_set, self.hparams.batch_size, shuffle=False, seed=self.hparams.seed)
-
-    def test_dataloader(self) -> DeviceBatches:
-        return DeviceBatches(self.test_set, self.hparams.batch_size, shuffle=False, seed=self.hparams.seed)
-
-    def predict_dataloader(self) -> DeviceBatches:
-        return self.test_dataloader()

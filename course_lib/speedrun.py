@@ -1,111 +1,48 @@
-"""Lesson 08's speedrun: on-device batches, the airbench-style recipe as a LightningModule, and a plain-PyTorch twin."""
+"""Lesson 08's recipe: airbench-style training as a LightningModule, its plain-PyTorch twin, and test-time augmentation."""
 from __future__ import annotations
 
-import inspect
-import time
-import warnings
+from dataclasses import asdict, dataclass, fields
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
 
 from . import config
-from .data import CIFAR10_MEAN, CIFAR10_STD, DeviceCIFAR10DataModule, EpochSampler
-from .loops import sync
 from .models import WIDTHS, AirNet, init_whitening
+from .modules import ClassifierSystem
+from .ondevice import DeviceBatches
 from .optim import Lookahead, lookahead_decay, make_speedrun_optimizer
-
-# the speedrun trains without validation; Lightning would warn about the unused validation_step on every fit
-warnings.filterwarnings("ignore", message=".*defined a `validation_step` but have no `val_dataloader`.*")
+from .timing import DeviceTimer
 
 
-def translate_flip(x: torch.Tensor, shifts: torch.Tensor, flips: torch.Tensor, pad: int) -> torch.Tensor:
-    """Shift each image by shifts[:, i] - pad pixels (reflect padding), then mirror those with flips[i]."""
-    b, c, h, w = x.shape
-    if pad > 0:
-        x = F.pad(x, (pad,) * 4, mode="reflect")  # (B, C, H + 2 pad, W + 2 pad)
-        rows = (shifts[0][:, None] + torch.arange(h, device=x.device))[:, None, :, None]  # (B, 1, H, 1)
-        cols = (shifts[1][:, None] + torch.arange(w, device=x.device))[:, None, None, :]  # (B, 1, 1, W)
-        x = x[torch.arange(b, device=x.device)[:, None, None, None], torch.arange(c, device=x.device)[:, None, None],
-              rows, cols]  # crop: (B, C, H, W)
-    return torch.where(flips[:, None, None, None], x.flip(3), x)
+@dataclass(frozen=True)
+class Recipe:
+    """The speedrun's settings: SpeedrunModule's hyperparameters (its defaults come from here) and the twin's."""
 
+    widths: tuple[int, int, int] = WIDTHS  # channels of AirNet's three conv groups
+    batch_size: int = 1024  # images per step; lr and weight_decay below are per batch 1024 and scale with it
+    label_smoothing: float = 0.2
+    lr: float = 1.5  # airbench94's settings rewritten for a mean (not summed) loss
+    momentum: float = 0.85
+    weight_decay: float = 2e-3  # the shrink per step at peak LR (lr x SGD's decay)
+    bias_scale: float = 64.0  # BatchNorm biases learn this many times faster
+    warmup: float = 0.23  # fraction of the steps spent warming the LR up
+    lookahead_every: int = 5  # steps between lookahead updates; 0: off
+    tta_level: int = 2  # 0: plain test, 1: + mirror, 2: + 1-px shifts
+    whiten_bias_epochs: int = 3  # epochs the whitening bias trains before it freezes
+    channels_last: bool = False
+    compile: bool = False
 
-class SpeedrunBatches:
-    """Normalised float batches cut from uint8 images already on the device; training batches augmented there."""
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, train: bool = True,
-                 seed: int = 0, translate: int = 2, flip: bool = True):
-        if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[1] != 3 or len(images) != len(labels):
-            raise ValueError(f"SpeedrunBatches needs uint8 images (N, 3, H, W) and N labels; got {images.dtype} "
-                             f"{tuple(images.shape)} and {len(labels)} labels.")
-        if batch_size < 1 or (train and batch_size > len(labels)):
-            raise ValueError(f"batch_size {batch_size} must be between 1 and the {len(labels)} images: training "
-                             f"drops the last partial batch, so an epoch needs at least one full batch.")
-        self.images, self.labels, self.batch_size, self.train = images, labels, batch_size, train
-        self.translate, self.flip = translate if train else 0, flip and train
-        self.sampler = EpochSampler(len(labels), seed)  # Lightning finds .sampler and calls set_epoch on it
-        self.batch_sampler = None  # Lightning inspects it to tell whether evaluation data are shuffled
-        self.mean = torch.tensor(CIFAR10_MEAN, device=images.device)[:, None, None] * 255  # once: no copy per batch
-        self.std = torch.tensor(CIFAR10_STD, device=images.device)[:, None, None] * 255
-
-    def set_epoch(self, epoch: int) -> None:
-        self.sampler.set_epoch(epoch)
-
-    def __len__(self) -> int:  # training drops the last partial batch: every step has the same shape (compile)
-        return len(self.labels) // self.batch_size if self.train else -(-len(self.labels) // self.batch_size)
-
-    def flips(self, epoch: int) -> torch.Tensor:
-        """(N,) bool, per image: mirrored this epoch? Epoch 0 a random half; each later epoch the complement."""
-        base = torch.rand(len(self.labels), generator=torch.Generator().manual_seed(self.sampler.seed)) < 0.5
-        return base ^ bool(epoch % 2) if self.flip else torch.zeros_like(base)
-
-    def __iter__(self):
-        n, bs, dev = len(self.labels), self.batch_size, self.images.device
-        if not self.train:
-            for i in range(0, n, bs):
-                yield (self.images[i:i + bs].float() - self.mean) / self.std, self.labels[i:i + bs]
-            return
-        g = torch.Generator().manual_seed(self.sampler.seed * 100_003 + self.sampler.epoch)  # CPU: same on any device
-        order = torch.randperm(n, generator=g)
-        shifts = torch.randint(0, 2 * self.translate + 1, (2, n), generator=g).to(dev, non_blocking=True)
-        flips = self.flips(self.sampler.epoch)[order].to(dev, non_blocking=True)  # per image, in batch order
-        order = order.to(dev, non_blocking=True)
-        for i in range(len(self)):
-            part = slice(i * bs, (i + 1) * bs)
-            idx = order[part]  # images and labels are gathered with the same indices: they stay aligned
-            x = (self.images[idx].float() - self.mean) / self.std  # (B, 3, H, W) float32
-            yield translate_flip(x, shifts[:, part], flips[part], self.translate), self.labels[idx]
-
-
-class SpeedrunDataModule(DeviceCIFAR10DataModule):
-    """CIFAR10DataModule's seeded splits as uint8 tensors on the device (once), served as SpeedrunBatches.
-
-    `seed` fixes the split; `shuffle_seed` (default: seed) the batch order and augmentation, so runs with several
-    seeds can share one test set. A speedrun does not validate, so by default no validation images are carved:
-    all 50,000 training images train (45,000 when the test split is carved from them too)."""
-
-    def __init__(self, *args, batch_size: int = 1024, eval_batch_size: int = 1000, translate: int = 2,
-                 flip: bool = True, shuffle_seed: int | None = None, val_fraction: float = 0.0, **kwargs):
-        super().__init__(*args, batch_size=batch_size, val_fraction=val_fraction, **kwargs)
-        self.eval_batch_size, self.translate, self.flip = eval_batch_size, translate, flip
-        self.shuffle_seed = self.hparams.seed if shuffle_seed is None else shuffle_seed
-
-    def setup(self, stage: str | None = None) -> None:
-        if getattr(self, "train_set", None) is None or self.hparams.test_folder:  # splits never change: carve once
-            super().setup(stage)
-
-    def train_dataloader(self) -> SpeedrunBatches:
-        ds = self.train_set
-        return SpeedrunBatches(ds.images, ds.labels, self.hparams.batch_size, True, self.shuffle_seed,
-                               self.translate, self.flip)
-
-    def val_dataloader(self) -> SpeedrunBatches:
-        return SpeedrunBatches(self.val_set.images, self.val_set.labels, self.eval_batch_size, train=False)
-
-    def test_dataloader(self) -> SpeedrunBatches:
-        return SpeedrunBatches(self.test_set.images, self.test_set.labels, self.eval_batch_size, train=False)
+    def __post_init__(self):
+        object.__setattr__(self, "widths", tuple(self.widths))  # a list from a checkpoint or YAML
+        if (not 0 <= self.label_smoothing < 1 or min(self.lookahead_every, self.whiten_bias_epochs) < 0
+                or self.tta_level not in (0, 1, 2) or self.batch_size < 1):
+            raise ValueError(f"Need 0 <= label_smoothing < 1, lookahead_every >= 0 (0 = off), whiten_bias_epochs >= 0, "
+                             f"tta_level in (0, 1, 2) and batch_size >= 1; got {self.label_smoothing}, "
+                             f"{self.lookahead_every}, {self.whiten_bias_epochs}, {self.tta_level}, {self.batch_size}.")
 
 
 @torch.no_grad()
@@ -132,78 +69,69 @@ def evaluate_tta(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, l
     was_training, correct = model.training, torch.zeros((), device=images.device)
     model.eval()
     with torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=bf16):
-        for x, y in SpeedrunBatches(images, labels, batch_size, train=False):
+        for x, y in DeviceBatches(images, labels, batch_size):
             correct += (tta_logits(model, x, level).argmax(1) == y).sum()
     model.train(was_training)
     return correct.item() / len(labels)
 
 
-class SpeedrunModule(L.LightningModule):
-    """The airbench-style recipe: label smoothing, Nesterov SGD with warm-up/decay, bias LR, lookahead, TTA."""
+class SpeedrunModule(ClassifierSystem):
+    """The airbench-style recipe: label smoothing, Nesterov SGD with warm-up/decay, bias LR, lookahead, TTA.
 
-    def __init__(self, widths: tuple[int, int, int] = WIDTHS, label_smoothing: float = 0.2, lr: float = 1.5,
-                 momentum: float = 0.85, weight_decay: float = 2e-3, bias_scale: float = 64.0, warmup: float = 0.23,
-                 lookahead_every: int = 5, tta_level: int = 2, whiten_bias_epochs: int = 3,
-                 channels_last: bool = False, compile: bool = False):
-        super().__init__()
-        # lr 1.5 and decay 2e-3 per step at batch 1024 are airbench94's settings rewritten for a mean (not summed) loss
-        self.save_hyperparameters()
-        if not 0 <= label_smoothing < 1 or min(lookahead_every, whiten_bias_epochs) < 0 or tta_level not in (0, 1, 2):
-            raise ValueError(f"Need 0 <= label_smoothing < 1, lookahead_every >= 0 (0 = off), whiten_bias_epochs >= 0 "
-                             f"and tta_level in (0, 1, 2); got {label_smoothing}, {lookahead_every}, "
-                             f"{whiten_bias_epochs}, {tta_level}.")
-        self.net = AirNet(tuple(widths))
-        if channels_last:  # (B, H, W, C) in memory: what tensor-core convolutions read fastest
-            self.net = self.net.to(memory_format=torch.channels_last)
-        if compile:  # in place: checkpoint keys stay those of the eager net
-            self.net.compile()
-        self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
-        self.sums, self.step_losses, self.lookahead = {}, [], None
+    whiten_images: uint8 training images (N, 3, 32, 32) that set the whitening layer when a fit starts on an
+    unwhitened net (for example SpeedrunDataModule's train_set.images); not a hyperparameter, so not saved."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 3, 32, 32) -> (B, classes)
-        if self.hparams.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        return self.net(x)
+    def __init__(self, widths: tuple[int, int, int] = Recipe.widths, batch_size: int = Recipe.batch_size,
+                 label_smoothing: float = Recipe.label_smoothing, lr: float = Recipe.lr,
+                 momentum: float = Recipe.momentum, weight_decay: float = Recipe.weight_decay,
+                 bias_scale: float = Recipe.bias_scale, warmup: float = Recipe.warmup,
+                 lookahead_every: int = Recipe.lookahead_every, tta_level: int = Recipe.tta_level,
+                 whiten_bias_epochs: int = Recipe.whiten_bias_epochs, channels_last: bool = Recipe.channels_last,
+                 compile: bool = Recipe.compile, whiten_images: torch.Tensor | None = None):
+        recipe = Recipe(widths, batch_size, label_smoothing, lr, momentum, weight_decay, bias_scale, warmup,
+                        lookahead_every, tta_level, whiten_bias_epochs, channels_last, compile)  # validates
+        super().__init__(AirNet(recipe.widths), 10, label_smoothing, channels_last, compile)
+        self.save_hyperparameters(ignore=["whiten_images"])
+        self.whiten_images, self.step_losses, self.lookahead = whiten_images, [], None
 
-    def _shared_step(self, batch, stage: str) -> torch.Tensor:
-        """Loss of one batch (test: with TTA); loss and accuracy sums stay on the device until the epoch ends."""
-        x, y = batch
-        logits = tta_logits(self, x, self.hparams.tta_level) if stage == "test" else self(x)
-        loss = self.criterion(logits, y)
-        accumulate(self.sums, stage, loss, logits, y)
-        if stage == "train":
-            self.step_losses.append(loss.detach())  # a device scalar: no sync; read after training
-        return loss
+    @property
+    def recipe(self) -> Recipe:
+        """The hyperparameters as a Recipe (the twin's settings); changing hparams changes it."""
+        return Recipe(**{f.name: self.hparams[f.name] for f in fields(Recipe)})
+
+    def _logits(self, x: torch.Tensor, stage: str) -> torch.Tensor:
+        return tta_logits(self, x, self.hparams.tta_level) if stage == "test" else self(x)
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
-        return self._shared_step(batch, "train")
-
-    def validation_step(self, batch, batch_idx: int) -> None:
-        self._shared_step(batch, "val")
-
-    def test_step(self, batch, batch_idx: int) -> None:
-        self._shared_step(batch, "test")
+        loss = self._shared_step(batch, "train")
+        self.step_losses.append(loss.detach())  # a device scalar: no sync; read after training
+        return loss
 
     def configure_optimizers(self):
-        hp, total = self.hparams, int(self.trainer.estimated_stepping_batches)  # also loads the train loader
-        batch_size = _batches(self.trainer).batch_size
+        hp, total = self.hparams, int(self.trainer.estimated_stepping_batches)
         self.net.whiten.bias.requires_grad_(True)  # a new fit trains it again, though the last one froze it
-        opt, sched = make_speedrun_optimizer(self.net, total, batch_size, hp.lr, hp.momentum, hp.weight_decay,
+        opt, sched = make_speedrun_optimizer(self.net, total, hp.batch_size, hp.lr, hp.momentum, hp.weight_decay,
                                              hp.bias_scale, hp.warmup)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
-    def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):
-        return batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)  # no generic walk
-
     def on_train_start(self) -> None:
         if not bool(self.net.whitened):  # one host read, before the first step
-            init_whitening(self.net, _batches(self.trainer).images)
+            if self.whiten_images is None:
+                raise ValueError("SpeedrunModule sets its whitening layer from training images before the first "
+                                 "step: pass whiten_images=<uint8 (N, 3, 32, 32) training images>, e.g. "
+                                 "SpeedrunDataModule's train_set.images, or call models.init_whitening first.")
+            init_whitening(self.net, self.whiten_images)
         self.lookahead = Lookahead(self.net) if self.hparams.lookahead_every else None
         self.step_losses, self.total_steps = [], int(self.trainer.estimated_stepping_batches)
 
     def on_train_epoch_start(self) -> None:
         train_bias = self.current_epoch < self.hparams.whiten_bias_epochs  # then frozen: a settled input shift
         self.net.whiten.bias.requires_grad_(train_bias)
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        if batch_idx == 0 and len(batch[1]) != self.hparams.batch_size:  # the LR is scaled for this batch size
+            raise ValueError(f"The training batches hold {len(batch[1])} images but batch_size={self.hparams.batch_size}"
+                             f" sets the learning rate: pass batch_size={len(batch[1])} to SpeedrunModule.")
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
         step, every = self.trainer.global_step, self.hparams.lookahead_every  # global_step counts this step
@@ -214,15 +142,6 @@ class SpeedrunModule(L.LightningModule):
         if self.lookahead is not None:
             self.lookahead.update(1.0)  # the result is the slow weights
 
-    def on_train_epoch_end(self) -> None:
-        self.log_dict(epoch_metrics(self.sums, "train"))  # the epoch's one host sync
-
-    def on_validation_epoch_end(self) -> None:
-        self.log_dict(epoch_metrics(self.sums, "val"))
-
-    def on_test_epoch_end(self) -> None:
-        self.log_dict(epoch_metrics(self.sums, "test"))
-
 
 def fresh_weights(module: SpeedrunModule, seed: int) -> None:
     """Load the initial weights of an AirNet built under `seed` into the module's net, in place (compiled stays so)."""
@@ -230,85 +149,64 @@ def fresh_weights(module: SpeedrunModule, seed: int) -> None:
     module.net.load_state_dict(AirNet(module.hparams.widths).state_dict())  # copies into the existing tensors
 
 
-def _batches(trainer: L.Trainer) -> SpeedrunBatches:
-    """The training batches; SpeedrunModule needs their batch size (LR scaling) and images (whitening)."""
-    if not isinstance(trainer.train_dataloader, SpeedrunBatches):
-        raise TypeError(f"SpeedrunModule trains on SpeedrunBatches (e.g. from SpeedrunDataModule), not "
-                        f"{type(trainer.train_dataloader).__name__}: it scales the LR by their batch size and "
-                        f"sets its whitening layer from their images.")
-    return trainer.train_dataloader
-
-
-def accumulate(sums: dict, stage: str, loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> None:
-    """Add a batch's summed loss, correct count and size to sums[stage] on the device: no host sync."""
-    batch = torch.stack([loss.detach().float() * len(y), (logits.detach().argmax(1) == y).sum().float()])
-    sums[stage] = sums[stage] + batch if stage in sums else batch
-    sums[f"{stage}_n"] = sums.get(f"{stage}_n", 0) + len(y)
-
-
-def epoch_metrics(sums: dict, stage: str) -> dict:
-    """Mean loss and accuracy of the epoch (still tensors), and reset the sums."""
-    total, n = sums.pop(stage), sums.pop(f"{stage}_n")
-    return {f"{stage}_loss": total[0] / n, f"{stage}_acc": total[1] / n}
-
-
-def make_trainer(epochs: int, precision: str = "32-true", **kwargs) -> L.Trainer:
-    """A Trainer for timing: no validation, logger, checkpoints or progress bar; precision via choose_precision."""
+def make_trainer(epochs: int, precision: str | None = None, **kwargs) -> L.Trainer:
+    """A Trainer for timing: no validation, logger, checkpoints or progress bar; precision from choose_precision."""
     opts = dict(max_epochs=epochs, accelerator="auto", devices=1, logger=False, enable_checkpointing=False,
                 enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0)
     return L.Trainer(precision=config.choose_precision(precision), **{**opts, **kwargs})
 
 
-def train_twin(net: AirNet, batches: SpeedrunBatches, epochs: int, precision: str = "32-true", **hparams) -> dict:
-    """Plain-PyTorch twin of SpeedrunModule: same optimiser, schedule, lookahead and accumulation, no Lightning.
+def train_twin(net: AirNet, batches: DeviceBatches, epochs: int, recipe: Recipe = Recipe(),
+               precision: str | None = None) -> dict:
+    """Plain-PyTorch twin of SpeedrunModule: same optimiser, schedule, lookahead and metrics, no Lightning.
 
-    Returns per-step losses (tensor), per-epoch seconds (synced, like EpochTimer) and the trained net."""
-    hp = {k: p.default for k, p in inspect.signature(SpeedrunModule.__init__).parameters.items() if k != "self"}
-    unknown = set(hparams) - set(hp)
-    if unknown:
-        raise ValueError(f"train_twin got unknown hyperparameters {sorted(unknown)}; choose from {sorted(hp)}.")
-    hp.update(hparams)
+    Whitens from the batches' images. Returns per-step losses (tensor), per-epoch seconds and the trained net."""
     precision = config.choose_precision(precision)  # clear error if this hardware lacks it
     if precision == "16-mixed":
         raise ValueError("train_twin supports '32-true' and 'bf16-mixed'; fp16 would also need a GradScaler.")
-    bf16 = precision == "bf16-mixed"
-    device = batches.images.device
-    net.to(device).train()
-    if hp["channels_last"]:
-        net = net.to(memory_format=torch.channels_last)
+    if batches.batch_size != recipe.batch_size:
+        raise ValueError(f"The batches hold {batches.batch_size} images but the recipe's batch_size is "
+                         f"{recipe.batch_size}: pass Recipe(batch_size={batches.batch_size}, ...).")
+    bf16, device, r = precision == "bf16-mixed", batches.images.device, recipe
+    net = net.to(device).train()
+    net = net.to(memory_format=torch.channels_last) if r.channels_last else net
     if not bool(net.whitened):
         init_whitening(net, batches.images)
-    if hp["compile"]:
+    if r.compile:
         net.compile()
     total = epochs * len(batches)
     net.whiten.bias.requires_grad_(True)  # in the optimiser even if an earlier run froze it
-    opt, sched = make_speedrun_optimizer(net, total, batches.batch_size, hp["lr"], hp["momentum"],
-                                         hp["weight_decay"], hp["bias_scale"], hp["warmup"])
-    criterion = nn.CrossEntropyLoss(label_smoothing=hp["label_smoothing"])
-    lookahead = Lookahead(net) if hp["lookahead_every"] else None
-    losses, epoch_s, sums, step = [], [], {}, 0
+    opt, sched = make_speedrun_optimizer(net, total, r.batch_size, r.lr, r.momentum, r.weight_decay, r.bias_scale,
+                                         r.warmup)
+    criterion = nn.CrossEntropyLoss(label_smoothing=r.label_smoothing)
+    acc, mean_loss = MulticlassAccuracy(10, average="micro", validate_args=False).to(device), MeanMetric().to(device)
+    lookahead, timer = (Lookahead(net) if r.lookahead_every else None), DeviceTimer(device)
+    losses, marks, step = [], [], 0
     for epoch in range(epochs):
         batches.set_epoch(epoch)
-        net.whiten.bias.requires_grad_(epoch < hp["whiten_bias_epochs"])
-        sync(device)
-        start = time.perf_counter()
+        net.whiten.bias.requires_grad_(epoch < r.whiten_bias_epochs)
+        marks.append(timer.mark())
         for x, y in batches:
-            x = x.contiguous(memory_format=torch.channels_last) if hp["channels_last"] else x
+            x = x.contiguous(memory_format=torch.channels_last) if r.channels_last else x
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                 logits = net(x)
                 loss = criterion(logits, y)
-            accumulate(sums, "train", loss, logits, y)
+            acc.update(logits.detach(), y)  # the module's per-step metric work, so the timings compare
+            mean_loss.update(loss.detach().expand(len(y)))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             sched.step()
             step += 1
             losses.append(loss.detach())
-            if lookahead is not None and step % hp["lookahead_every"] == 0:
+            if lookahead is not None and step % r.lookahead_every == 0:
                 lookahead.update(lookahead_decay(step, total))
-        epoch_metrics(sums, "train")  # read once per epoch, as the module logs it
-        sync(device)
-        epoch_s.append(time.perf_counter() - start)
+        acc.compute(), mean_loss.compute(), acc.reset(), mean_loss.reset()  # read once per epoch, as the module logs
+        marks.append(timer.mark())
     if lookahead is not None:
         lookahead.update(1.0)
-    return {"losses": torch.stack(losses).float().cpu(), "epoch_s": epoch_s, "net": net}
+    epoch_s = [timer.seconds(a, b) for a, b in zip(marks[::2], marks[1::2])]
+    return {"losses": torch.stack(losses).float().cpu(), "epoch_s": epoch_s, "net": net, "recipe": asdict(r)}
+
+
+__all__ = ["Recipe", "tta_logits", "evaluate_tta", "SpeedrunModule", "fresh_weights", "make_trainer", "train_twin"]

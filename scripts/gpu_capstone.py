@@ -20,14 +20,13 @@ import sys
 import time
 from pathlib import Path
 
-import lightning as L
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout: no install needed (GPU machine)
 
-from course_lib import bench, config, models, speedrun
+from course_lib import config, experiments, models, speedrun
+from course_lib.ondevice import SpeedrunDataModule
 from course_lib.data import list_image_folder
-from course_lib.loops import EpochTimer
 
 
 def make_data(out: Path) -> None:
@@ -61,21 +60,6 @@ def decode_pack(pack: Path, out: Path) -> Path:
     return out
 
 
-def run_seed(module, dm, seed: int, epochs: int, precision: str) -> dict:
-    """Fresh weights for this seed (the compiled net is kept), train, test with TTA; times synced."""
-    speedrun.fresh_weights(module, seed)  # in place: the compiled graphs stay valid
-    dm.shuffle_seed = seed
-    timer, clock = EpochTimer(), bench.DeviceTimer(dm.train_set.images.device)  # CUDA events on a GPU: one sync
-    trainer = speedrun.make_trainer(epochs, precision, callbacks=[timer])
-    start = clock.mark()
-    trainer.fit(module, datamodule=dm)
-    fitted = clock.mark()
-    acc = trainer.test(module, datamodule=dm, verbose=False)[0]["test_acc"]
-    tested = clock.mark()
-    return {"seed": seed, "acc": acc, "train_s": sum(timer.seconds), "fit_s": clock.seconds(start, fitted),
-            "test_s": clock.seconds(fitted, tested), "epoch_s": timer.seconds, "losses": module.step_losses}
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="pack from --make-data, image folder or tensor cache (default: COURSE_DATA)")
@@ -97,60 +81,41 @@ def main() -> int:
     widths, batch, subset, eval_subset = ((models.WIDTHS, 1024, None, None) if gpu
                                           else (tuple(w // 8 for w in models.WIDTHS), 64, 256, 256))
     epochs, seeds = (args.epochs, args.seeds) if gpu else (2, 2)
-    precision = "bf16-mixed" if gpu and config.hardware().get("bf16_native") else "32-true"
+    precision = config.choose_precision()  # the course's policy: bf16 where native
     torch.backends.cudnn.benchmark = gpu
     start = time.perf_counter()
-    dm = speedrun.SpeedrunDataModule(image_folder=source, batch_size=batch, subset=subset, eval_subset=eval_subset,
-                                     seed=0, device="cuda" if gpu else "cpu")
+    dm = SpeedrunDataModule(image_folder=source, batch_size=batch, subset=subset, eval_subset=eval_subset,
+                            seed=0, device="cuda" if gpu else "cpu")
     dm.prepare_data()
     dm.setup("fit")
     data_s = time.perf_counter() - start
-    L.seed_everything(0, verbose=False)
-    module = speedrun.SpeedrunModule(widths, channels_last=gpu, compile=gpu)
-    warm = run_seed(module, dm, 1000, epochs, precision)  # untimed: compiles training and TTA graphs
-    runs = [run_seed(module, dm, seed, epochs, precision) for seed in range(seeds)]
-    L.seed_everything(seeds - 1, verbose=False)
-    twin = speedrun.train_twin(models.AirNet(widths), dm.train_dataloader(), epochs, precision,
-                               channels_last=gpu, compile=gpu)
-    steady = slice(1, None)  # the twin compiles in its epoch 0
-    lit_epoch = statistics.median(runs[-1]["epoch_s"][steady])
-    ratio = lit_epoch / statistics.median(twin["epoch_s"][steady])
-    lit_losses = torch.stack(runs[-1]["losses"]).float().cpu()
-    loss_diff = (lit_losses[:10] - twin["losses"][:10]).abs().max().item()
-    twin_acc = speedrun.evaluate_tta(twin["net"], dm.test_set.images, dm.test_set.labels,
-                                     bf16=precision == "bf16-mixed")
-    flops = bench.train_step_flops(models.AirNet(widths), batch) * len(dm.train_dataloader())
-    rate = bench.achieved(flops, lit_epoch)
+    module = speedrun.SpeedrunModule(widths, batch, channels_last=gpu, compile=gpu)
+    runs = experiments.seed_runs(module, dm, list(range(seeds)), epochs, precision, warmup_seed=1000)
+    twin = experiments.compare_twin(module, dm, runs[-1], epochs, precision)
+    flops = experiments.flop_summary(widths, batch, len(dm.train_dataloader()), twin["lit_epoch_s"])
     accs, train_s = [r["acc"] for r in runs], [r["train_s"] for r in runs]
-    info, label = config.hardware(), config.hardware_label()
-    peak = (f"{rate['fraction_of_peak']:.1%} of the {rate['peak_tflops']:.0f} TFLOP/s dense bf16 peak"
-            if rate["peak_tflops"] else "no peak listed for this hardware")
-    lines = [f"# Lesson 08 capstone on {label}", "", f"Command: `{' '.join(sys.argv)}`", "",
-             f"Data: {args.data or source}; train {len(dm.train_set):,} / test {len(dm.test_set):,} images (seed-0 "
+    lines = [f"Data: {args.data or source}; train {len(dm.train_set):,} / test {len(dm.test_set):,} images (seed-0 "
              f"split of the JPEG training folder); AirNet{widths}, batch {batch}, {epochs} epochs, {precision}, "
-             f"channels_last and compile {gpu}, TTA level 2. Data loading {data_s:.1f} s and the warm-up run "
-             f"(compilation, {warm['fit_s']:.1f} s) are not in the times below. Whole script: "
-             f"{time.perf_counter() - t0:.0f} s.", "",
+             f"channels_last and compile {gpu}, TTA level 2. Data loading ({data_s:.1f} s) and an untimed warm-up "
+             f"run (compilation) are not in the times below. Whole script: {time.perf_counter() - t0:.0f} s.", "",
              "| seed | test accuracy | training (epochs) | trainer.fit call | test with TTA |", "|---|---|---|---|---|"]
     lines += [f"| {r['seed']} | {r['acc']:.2%} | {r['train_s']:.2f} s | {r['fit_s']:.2f} s | {r['test_s']:.2f} s |"
               for r in runs]
-    lines += ["", f"- accuracy {statistics.mean(accs):.2%} ± {statistics.stdev(accs):.2%} (mean ± std, {seeds} "
-              f"seeds); 94 % {'reached' if statistics.mean(accs) >= 0.94 else 'not reached'}",
-              f"- training time {statistics.mean(train_s):.2f} ± {statistics.stdev(train_s):.2f} s; training + TTA "
-              f"test {statistics.mean(train_s) + statistics.mean(r['test_s'] for r in runs):.2f} s (airbench94 "
-              f"reports 3.83 s eager, 3.09 s compiled, on an A100)",
-              f"- Lightning / plain twin epoch time: {ratio:.3f}x (median of epochs 1+, target <= 1.05x); largest "
-              f"loss difference over the first 10 steps {loss_diff:.2e}; test accuracy with TTA, seed {seeds - 1}: "
-              f"Lightning {runs[-1]['acc']:.2%}, twin {twin_acc:.2%}",
-              f"- {flops / 1e12:.3g} TFLOP per epoch (FlopCounterMode) in {lit_epoch * 1e3:.0f} ms: "
-              f"{rate['tflops']:.3g} TFLOP/s, {peak}", "",
-              "Versions: " + ", ".join(f"{k} {v}" for k, v in info.items())]
+    lines += ["", f"- accuracy {experiments.spread([100 * a for a in accs], unit=' %')}; 94 % "
+              f"{'reached' if statistics.mean(accs) >= 0.94 else 'not reached'}",
+              f"- training time {experiments.spread(train_s, unit=' s')}; trainer.fit call "
+              f"{experiments.spread([r['fit_s'] for r in runs], unit=' s')}",
+              f"- Lightning / plain twin epoch time: {twin['ratio']:.3f}x (median of epochs {twin['steady_from']}+, "
+              f"target <= 1.05x); largest loss difference over the first {twin['first']} steps "
+              f"{twin['loss_diff_first']:.2e}; test accuracy with TTA, seed {runs[-1]['seed']}: Lightning "
+              f"{twin['lit_acc']:.2%}, twin {twin['twin_acc']:.2%}",
+              f"- {flops['text']}"]
+    info = config.hardware()
     # without a GPU this is only a dry run: keep it out of docs/, whose figures are GPU figures
     out = (Path("docs/results") / f"{info['gpu'].replace(' ', '_')}-capstone.md" if gpu
            else config.build_dir() / "gpu_capstone-dryrun.md")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines) + f"\n\nwritten to {out}")
+    experiments.write_report(out, f"Lesson 08 capstone on {config.hardware_label(info)}", lines, info)
+    print(out.read_text() + f"\nwritten to {out}")
     return 0
 
 

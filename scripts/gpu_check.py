@@ -17,7 +17,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout: no install needed (GPU machine)
 
 from course_lib import bench, config
-from course_lib.data import CIFAR10DataModule, DeviceCIFAR10DataModule, load_image_folder
+from course_lib.data import CIFAR10DataModule, load_image_folder
+from course_lib.ondevice import DeviceCIFAR10DataModule
 from course_lib.modules import ImageClassifierModule
 
 TARGETS = [  # (lesson, config, baseline, required speedup): the targets for an H100/H200-class GPU

@@ -5,8 +5,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from course_lib import bench, config
-from course_lib.data import CIFAR10DataModule, DeviceCIFAR10DataModule
+from course_lib import bench, config, timing
+from course_lib.data import CIFAR10DataModule
+from course_lib.ondevice import DeviceCIFAR10DataModule
 from course_lib.modules import ImageClassifierModule
 
 
@@ -148,18 +149,35 @@ def test_gpu_bench_syncs_once_per_window_not_per_step(fake_cuda, steps):
     assert len(fake_cuda) == 1  # reading again does not sync again
 
 
+@pytest.mark.parametrize("epochs", [3, 30])
+def test_epoch_timer_syncs_once_per_fit_and_leaves_validation_out(fake_cuda, epochs):
+    """EpochTimer marks events at the epoch and validation edges; reading seconds synchronizes once."""
+    cb = bench.EpochTimer()
+    trainer = SimpleNamespace(state=SimpleNamespace(fn="fit"), sanity_checking=False)
+    module = SimpleNamespace(device=torch.device("cuda", 0))
+    cb.on_train_start(trainer, module)
+    for _ in range(epochs):  # marks 1 ms apart: epoch start, validation start, validation end, epoch end
+        cb.on_train_epoch_start(trainer, module)
+        cb.on_validation_start(trainer, module)
+        cb.on_validation_end(trainer, module)
+        cb.on_train_epoch_end(trainer, module)
+    assert fake_cuda == []
+    assert cb.seconds == pytest.approx([2e-3] * epochs)  # 3 ms epoch minus 1 ms of validation
+    assert len(fake_cuda) == 1
+
+
 @pytest.mark.parametrize("repeats", [3, 30])
 def test_time_calls_syncs_once_on_gpu(fake_cuda, repeats):
-    """bench.time_calls (behind compress.latency_ms) times repeats with events and one synchronize."""
+    """timing.time_calls (behind compress.latency_ms) times repeats with events and one synchronize."""
     calls = []
-    seconds = bench.time_calls(lambda: calls.append(1), repeats, warmup=2, device="cuda")
+    seconds = timing.time_calls(lambda: calls.append(1), repeats, warmup=2, device="cuda")
     assert len(calls) == repeats + 2 and seconds == pytest.approx([1e-3] * repeats)
     assert len(fake_cuda) == 1
 
 
 def test_time_calls_on_cpu_reads_the_clock():
     """On the CPU each call spans consecutive clock readings; no CUDA call is made."""
-    assert bench.time_calls(lambda: None, 4, warmup=1, clock=FakeClock(0.5)) == [0.5] * 4
+    assert timing.time_calls(lambda: None, 4, warmup=1, clock=FakeClock(0.5)) == [0.5] * 4
 
 
 def test_latency_ms_runs_warmup_plus_repeats_forward_passes():

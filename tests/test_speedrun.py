@@ -6,7 +6,8 @@ import torch
 from course_lib import bench, optim, speedrun
 from course_lib.data import load_image_folder
 from course_lib.models import AirNet, count_parameters, init_whitening
-from course_lib.speedrun import SpeedrunBatches, SpeedrunModule
+from course_lib.ondevice import AlternatingFlipTranslate, DeviceBatches, SpeedrunDataModule
+from course_lib.speedrun import Recipe, SpeedrunModule
 
 SMALL = (8, 16, 16)  # a narrow AirNet: the same code path, a fraction of the compute
 
@@ -18,9 +19,15 @@ def real(tiny_folder, session_data_root):
     return data["images"], data["labels"]
 
 
+def train_batches(images, labels, batch_size, seed=0, translate=2):
+    """Speedrun training batches: shuffled, airbench's augmentation, full batches only."""
+    return DeviceBatches(images, labels, batch_size, shuffle=True, seed=seed, drop_last=True,
+                         augment=AlternatingFlipTranslate(len(labels), seed, translate))
+
+
 def unnormalise(x: torch.Tensor) -> torch.Tensor:
     """Batches back to 0-255 pixel values."""
-    b = SpeedrunBatches(torch.zeros(1, 3, 2, 2, dtype=torch.uint8), torch.zeros(1, dtype=torch.long), 1)
+    b = DeviceBatches(torch.zeros(1, 3, 2, 2, dtype=torch.uint8), torch.zeros(1, dtype=torch.long), 1)
     return x * b.std + b.mean
 
 
@@ -41,7 +48,7 @@ def test_whitening_is_deterministic_decorrelates_and_stays_frozen(real):
     assert torch.equal(a.whiten.weight, b.whiten.weight) and bool(a.whitened)
     assert not a.whiten.weight.requires_grad
     with torch.no_grad():  # channel covariance of the first 12 outputs: diagonal (whitened patches)
-        out = a.whiten(next(iter(SpeedrunBatches(images, labels, 60, train=False)))[0])[:, :12]
+        out = a.whiten(next(iter(DeviceBatches(images, labels, 60)))[0])[:, :12]
         cov = torch.cov(out.permute(1, 0, 2, 3).reshape(12, -1))
     off = cov - torch.diag(cov.diagonal())
     assert off.abs().max() < 1e-3 * cov.diagonal().max() and cov.diagonal().max() <= 1.01
@@ -56,7 +63,7 @@ def test_augmentation_keeps_labels_aligned():
     """Each image is a flat grey whose level encodes its label: after shuffling, shifts and flips it still does."""
     labels = torch.arange(100) % 10
     images = (labels * 25).to(torch.uint8)[:, None, None, None].expand(100, 3, 32, 32).contiguous()
-    batches = SpeedrunBatches(images, labels, 32, seed=3)
+    batches = train_batches(images, labels, 32, seed=3)
     seen = 0
     for epoch in range(2):
         batches.set_epoch(epoch)
@@ -73,7 +80,7 @@ def test_alternating_flip_complements_the_previous_epoch():
     images = torch.zeros(n, 3, 32, 32, dtype=torch.uint8)
     images[:, :, :, 16:] = 255  # bright right half: mirrored images have a bright left half
     images[:, 1] = torch.arange(n, dtype=torch.uint8)[:, None, None]  # channel 1 carries the image's index
-    batches = SpeedrunBatches(images, torch.zeros(n, dtype=torch.long), 50, seed=1, translate=0)
+    batches = train_batches(images, torch.zeros(n, dtype=torch.long), 50, seed=1, translate=0)
     flipped = []
     for epoch in range(2):
         batches.set_epoch(epoch)
@@ -89,30 +96,38 @@ def test_alternating_flip_complements_the_previous_epoch():
 def test_lightning_module_and_plain_twin_follow_the_same_loss_curve(real):
     """Same seed, batches, optimiser, schedule and lookahead: per-step losses agree; a changed LR does not."""
     images, labels = real[0][:24], real[1][:24]
-    batches = lambda: SpeedrunBatches(images, labels, 8, seed=5)  # noqa: E731  3 steps per epoch
+    batches = lambda: train_batches(images, labels, 8, seed=5)  # noqa: E731  3 steps per epoch
+    recipe = Recipe(widths=SMALL, batch_size=8, lookahead_every=2, whiten_bias_epochs=1)  # the freeze happens in both
     L.seed_everything(0, verbose=False)
-    module = SpeedrunModule(widths=SMALL, lookahead_every=2, whiten_bias_epochs=1)  # the freeze happens in both
-    speedrun.make_trainer(2).fit(module, train_dataloaders=batches())
+    module = SpeedrunModule(**vars(recipe), whiten_images=images)
+    assert module.recipe == recipe
+    speedrun.make_trainer(2, "32-true").fit(module, train_dataloaders=batches())
     lit = torch.stack(module.step_losses)
     L.seed_everything(0, verbose=False)
-    twin = speedrun.train_twin(AirNet(SMALL), batches(), 2, lookahead_every=2, whiten_bias_epochs=1)
+    twin = speedrun.train_twin(AirNet(SMALL), batches(), 2, recipe, "32-true")
     assert len(lit) == len(twin["losses"]) == 6 and lit.std() > 1e-4  # the losses move: a real comparison
     torch.testing.assert_close(twin["losses"], lit, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(twin["net"].state_dict(), module.net.state_dict(), rtol=1e-5, atol=1e-6)
     L.seed_everything(0, verbose=False)
-    other = speedrun.train_twin(AirNet(SMALL), batches(), 1, lookahead_every=2, lr=3.0)
+    other = speedrun.train_twin(AirNet(SMALL), batches(), 1, Recipe(**{**vars(recipe), "lr": 3.0}), "32-true")
     assert (other["losses"][1:] - lit[1:3]).abs().max() > 1e-3  # the comparison notices a different recipe
 
 
-def test_tta_shapes_and_accuracy_range(real):
-    """TTA logits keep (B, classes) at every level; evaluate_tta returns a fraction; a bad level is an error."""
+def test_tta_levels_and_accuracy_against_a_hand_count(real):
+    """Level 0 is the plain logits; 1 averages the mirror; every level keeps (B, classes); evaluate_tta's accuracy
+    equals a hand count over the same batches; a bad level is an error."""
     images, labels = real
     net = AirNet(SMALL).eval()
     init_whitening(net, images)
-    x = next(iter(SpeedrunBatches(images, labels, 8, train=False)))[0]
-    for level in (0, 1, 2):
-        assert speedrun.tta_logits(net, x, level).shape == (8, 10)
-    assert 0 <= speedrun.evaluate_tta(net, images, labels, level=2, batch_size=25) <= 1
+    x = next(iter(DeviceBatches(images, labels, 8)))[0]
+    with torch.no_grad():
+        plain, mirrored = net(x), net(x.flip(3))
+    assert torch.equal(speedrun.tta_logits(net, x, 0), plain)
+    torch.testing.assert_close(speedrun.tta_logits(net, x, 1), 0.5 * (plain + mirrored))
+    assert speedrun.tta_logits(net, x, 2).shape == (8, 10)
+    with torch.no_grad():
+        hand = sum((net(xb).argmax(1) == yb).sum().item() for xb, yb in DeviceBatches(images, labels, 25))
+    assert speedrun.evaluate_tta(net, images, labels, level=0, batch_size=25) == hand / len(labels)
     with pytest.raises(ValueError, match="TTA level"):
         speedrun.evaluate_tta(net, images, labels, level=3)
 
@@ -144,9 +159,11 @@ def test_whitening_bias_trains_for_its_epochs_then_freezes_and_a_new_fit_trains_
             snaps.append(module.net.whiten.bias.detach().clone())
 
     L.seed_everything(0, verbose=False)
-    module = SpeedrunModule(widths=SMALL, lookahead_every=0, whiten_bias_epochs=1)
+    module = SpeedrunModule(widths=SMALL, batch_size=20, lookahead_every=0, whiten_bias_epochs=1,
+                            whiten_images=images)
     for _ in range(2):  # second fit: same module, as lesson 08's seed loop reuses it
-        speedrun.make_trainer(2, callbacks=[Snap()]).fit(module, train_dataloaders=SpeedrunBatches(images, labels, 20))
+        speedrun.make_trainer(2, "32-true", callbacks=[Snap()]).fit(module,
+                                                                   train_dataloaders=train_batches(images, labels, 20))
         snaps.append(module.net.whiten.bias.detach().clone())
     # snaps per fit: start of epoch 0, start of epoch 1, end of training
     assert not torch.equal(snaps[0], snaps[1]) and torch.equal(snaps[1], snaps[2])
@@ -166,27 +183,33 @@ def test_flops_and_fraction_of_peak():
 
 
 def test_bad_inputs_give_clear_errors(real):
-    """Float images, a batch larger than the data, a plain DataLoader, unknown twin settings, missing precision."""
+    """Float images, a batch larger than the data, no whitening images, a batch size the LR was not scaled for,
+    a twin whose recipe disagrees with its batches, missing precision, bad widths or recipe values."""
     images, labels = real
     with pytest.raises(ValueError, match="uint8"):
-        SpeedrunBatches(images.float(), labels, 8)
+        DeviceBatches(images.float(), labels, 8)
     with pytest.raises(ValueError, match="full batch"):
-        SpeedrunBatches(images, labels, 100)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(images.float(), labels), batch_size=8)
-    with pytest.raises(TypeError, match="SpeedrunBatches"):
-        speedrun.make_trainer(1).fit(SpeedrunModule(widths=SMALL), train_dataloaders=loader)
-    with pytest.raises(ValueError, match="unknown hyperparameters"):
-        speedrun.train_twin(AirNet(SMALL), SpeedrunBatches(images, labels, 16), 1, learning_rate=1.0)
+        DeviceBatches(images, labels, 100, drop_last=True)
+    with pytest.raises(ValueError, match="whiten_images"):
+        speedrun.make_trainer(1, "32-true").fit(SpeedrunModule(widths=SMALL, batch_size=16),
+                                                train_dataloaders=train_batches(images, labels, 16))
+    with pytest.raises(ValueError, match="batch_size=16"):
+        speedrun.make_trainer(1, "32-true").fit(SpeedrunModule(widths=SMALL, whiten_images=images),
+                                                train_dataloaders=train_batches(images, labels, 16))
+    with pytest.raises(ValueError, match="batch_size=16"):
+        speedrun.train_twin(AirNet(SMALL), train_batches(images, labels, 16), 1, Recipe(SMALL), "32-true")
     with pytest.raises(ValueError, match="16-mixed"):
-        speedrun.train_twin(AirNet(SMALL), SpeedrunBatches(images, labels, 16), 1, precision="16-mixed")
+        speedrun.train_twin(AirNet(SMALL), train_batches(images, labels, 16), 1, Recipe(SMALL, 16), "16-mixed")
     with pytest.raises(ValueError, match="widths"):
         AirNet((64, 256))
+    with pytest.raises(ValueError, match="label_smoothing"):
+        Recipe(label_smoothing=1.0)
 
 
 def test_datamodule_carves_splits_once_and_serves_device_batches(tiny_folder, session_data_root):
     """SpeedrunDataModule reuses CIFAR10DataModule's seeded splits, minus validation; shuffle_seed changes the order."""
     kw = dict(image_folder=str(tiny_folder), data_dir=str(session_data_root), batch_size=16, seed=0, device="cpu")
-    a, b = speedrun.SpeedrunDataModule(**kw), speedrun.SpeedrunDataModule(**kw, shuffle_seed=7)
+    a, b = SpeedrunDataModule(**kw), SpeedrunDataModule(**kw, shuffle_seed=7)
     a.setup("fit"), b.setup("fit")
     assert len(a.val_set) == 0 and len(a.test_set) == 6 and len(a.train_set) == 54  # no validation: 60 - 6 test
     assert torch.equal(a.test_set.labels, b.test_set.labels)
@@ -196,3 +219,4 @@ def test_datamodule_carves_splits_once_and_serves_device_batches(tiny_folder, se
     assert not torch.equal(first_a, first_b)
     a.setup("test")  # a second setup keeps the tensors already placed
     assert a.train_dataloader().images is train.images
+    assert len(train) == len(a.train_set) // 16  # full batches only

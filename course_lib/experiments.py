@@ -1,0 +1,91 @@
+"""Lesson 08's measurements, shared with scripts/gpu_capstone.py: the seed loop, the twin comparison, the FLOP
+summary, and the results report every GPU script writes (command, versions, hardware)."""
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+import lightning as L
+import torch
+
+from . import bench, config, speedrun
+from .models import AirNet
+from .ondevice import SpeedrunDataModule
+from .timing import DeviceTimer
+
+
+def spread(values: list[float], fmt: str = "{:.2f}", unit: str = "") -> str:
+    """'mean ± std (min–max, n runs)' of repeated measurements; one value is reported as a single run."""
+    if len(values) == 1:
+        return f"{fmt.format(values[0])}{unit} (1 run)"
+    mean, std = statistics.mean(values), statistics.stdev(values)
+    return (f"{fmt.format(mean)}{unit} ± {fmt.format(std)}{unit} ({fmt.format(min(values))}–"
+            f"{fmt.format(max(values))}{unit}, {len(values)} runs)")
+
+
+def run_seed(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, seed: int, epochs: int,
+             precision: str | None = None) -> dict:
+    """Fresh weights and batch order for `seed` (a compiled net stays compiled), train, test with TTA; timed on the
+    device: whitening init and training in fit_s, TTA in test_s, data loading in neither."""
+    speedrun.fresh_weights(module, seed)  # in place: the compiled graphs stay valid
+    dm.shuffle_seed, module.whiten_images = seed, dm.train_set.images
+    timer, clock = bench.EpochTimer(), DeviceTimer(dm.train_set.images.device)
+    trainer = speedrun.make_trainer(epochs, precision, callbacks=[timer])
+    start = clock.mark()
+    trainer.fit(module, datamodule=dm)
+    fitted = clock.mark()
+    acc = trainer.test(module, datamodule=dm, verbose=False)[0]["test_acc"]
+    tested = clock.mark()
+    return {"seed": seed, "acc": acc, "train_s": sum(timer.seconds), "epoch_s": timer.seconds,
+            "fit_s": clock.seconds(start, fitted), "test_s": clock.seconds(fitted, tested),
+            "losses": torch.stack(module.step_losses).float().cpu()}
+
+
+def seed_runs(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, seeds: list[int], epochs: int,
+              precision: str | None = None, warmup_seed: int | None = None) -> list[dict]:
+    """run_seed for each seed, after an untimed warm-up run (compilation, cuDNN autotuning) when warmup_seed is set."""
+    if warmup_seed is not None:
+        run_seed(module, dm, warmup_seed, epochs, precision)
+    return [run_seed(module, dm, seed, epochs, precision) for seed in seeds]
+
+
+def compare_twin(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, run: dict, epochs: int,
+                 precision: str | None = None) -> dict:
+    """Train the plain-PyTorch twin on the same seed and batches as `run`; epoch-time ratio, loss and accuracy gaps."""
+    dm.shuffle_seed = run["seed"]
+    L.seed_everything(run["seed"], verbose=False)  # the same initial weights as fresh_weights gave the module
+    precision = config.choose_precision(precision)
+    twin = speedrun.train_twin(AirNet(module.recipe.widths), dm.train_dataloader(), epochs, module.recipe, precision)
+    steady = slice(1, None) if epochs > 1 else slice(None)  # epoch 0 holds warm-up (and compilation on a GPU)
+    lit_epoch, twin_epoch = statistics.median(run["epoch_s"][steady]), statistics.median(twin["epoch_s"][steady])
+    diff = (run["losses"] - twin["losses"]).abs()
+    first = min(10, len(diff))
+    acc = speedrun.evaluate_tta(twin["net"], dm.test_set.images, dm.test_set.labels, module.hparams.tta_level,
+                                bf16=precision == "bf16-mixed")
+    return {"ratio": lit_epoch / twin_epoch, "lit_epoch_s": lit_epoch, "twin_epoch_s": twin_epoch,
+            "steady_from": steady.start or 0, "loss_diff_first": diff[:first].max().item(), "first": first,
+            "loss_diff_all": diff.max().item(), "twin_acc": acc, "lit_acc": run["acc"], "twin": twin}
+
+
+def flop_summary(widths: tuple[int, int, int], batch: int, steps: int, epoch_s: float,
+                 info: dict | None = None) -> dict:
+    """FLOPs of one training epoch, the rate achieved in `epoch_s`, and its fraction of the device's listed peak."""
+    flops = bench.train_step_flops(AirNet(widths), batch) * steps
+    rate = bench.achieved(flops, epoch_s, info)
+    peak = (f"{rate['fraction_of_peak']:.1%} of the {rate['peak_tflops']:.0f} TFLOP/s dense bf16 peak"
+            if rate["peak_tflops"] else "no peak listed for this hardware (bench.PEAK_BF16_TFLOPS)")
+    text = f"{flops / 1e12:.3g} TFLOP per epoch in {epoch_s:.3g} s: {rate['tflops']:.3g} TFLOP/s, {peak}"
+    return {"tflop_per_epoch": flops / 1e12, **rate, "text": text}
+
+
+def write_report(path: str | Path, title: str, lines: list[str], info: dict | None = None) -> Path:
+    """A markdown results file: title, the exact command, hardware, the given lines, then every library version."""
+    info = info or config.hardware()
+    command = " ".join(["python", *sys.argv]) if sys.argv and sys.argv[0] else "(interactive)"
+    text = [f"# {title}", "", f"Command: `{command}`", "", f"Hardware: {config.hardware_label(info)}", "", *lines,
+            "", "Versions and hardware facts: " + ", ".join(f"{k} {v}" for k, v in info.items())]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(text) + "\n")
+    return path

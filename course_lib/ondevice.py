@@ -1,0 +1,145 @@
+"""Data that lives on the device: one batcher with a pluggable augmentation, and the DataModules that serve it."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .data import CIFAR10_MEAN, CIFAR10_STD, CIFAR10DataModule, EpochSampler, augment_batch, crop_flip
+
+#: augment(x, idx, epoch): float (B, C, H, W) pixels in [0, 255], the images' dataset indices, the epoch -> batch
+Augment = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+
+
+class RandomCropFlip:
+    """Lessons 03-05's augmentation: a random crop of the zero-padded image and a random mirror, drawn on the device."""
+
+    def __init__(self, pad: int = 4):
+        self.pad = pad
+
+    def __call__(self, x: torch.Tensor, idx: torch.Tensor, epoch: int) -> torch.Tensor:
+        return augment_batch(x, self.pad)
+
+
+class AlternatingFlipTranslate:
+    """airbench's augmentation: a seeded shift of up to `translate` px (reflect padding) per image and epoch, and a
+    mirror that alternates: a random half of the images in epoch 0, exactly the other half in epoch 1, and so on."""
+
+    def __init__(self, n: int, seed: int = 0, translate: int = 2, flip: bool = True):
+        self.n, self.seed, self.translate, self.flip = n, seed, translate, flip
+        self._epoch, self._shifts, self._flips = None, None, None
+
+    def flips(self, epoch: int) -> torch.Tensor:
+        """(N,) bool, per image: mirrored this epoch? Epoch 0 a random half; each later epoch the complement."""
+        base = torch.rand(self.n, generator=torch.Generator().manual_seed(self.seed)) < 0.5
+        return base ^ bool(epoch % 2) if self.flip else torch.zeros_like(base)
+
+    def __call__(self, x: torch.Tensor, idx: torch.Tensor, epoch: int) -> torch.Tensor:
+        if self._epoch != epoch:  # one draw and one host-to-device copy per epoch, then gathers on the device
+            g = torch.Generator().manual_seed(self.seed * 100_003 + epoch)  # CPU generator: same on any device
+            self._shifts = torch.randint(0, 2 * self.translate + 1, (2, self.n), generator=g).to(x.device)
+            self._flips, self._epoch = self.flips(epoch).to(x.device), epoch
+        return crop_flip(x, self._shifts[:, idx], self._flips[idx], self.translate, mode="reflect")
+
+
+class DeviceBatches:
+    """Normalised float batches cut from uint8 images already on the device: no DataLoader, workers or copies."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, shuffle: bool = False,
+                 seed: int = 0, augment: Augment | None = None, drop_last: bool = False,
+                 mean: tuple | None = CIFAR10_MEAN, std: tuple | None = CIFAR10_STD):
+        if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[1] != 3 or len(images) != len(labels):
+            raise ValueError(f"DeviceBatches needs uint8 images (N, 3, H, W) and N labels; got {images.dtype} "
+                             f"{tuple(images.shape)} and {len(labels)} labels.")
+        if batch_size < 1 or (drop_last and batch_size > len(labels)):
+            raise ValueError(f"batch_size {batch_size} must be between 1 and the {len(labels)} images: with "
+                             f"drop_last an epoch needs at least one full batch.")
+        self.images, self.labels, self.batch_size = images, labels, batch_size
+        self.shuffle, self.augment, self.drop_last = shuffle, augment, drop_last
+        self.sampler = EpochSampler(len(labels), seed)  # Lightning finds .sampler and calls set_epoch on it
+        self.batch_sampler = None  # Lightning inspects it to tell whether evaluation data are shuffled
+        dev = images.device  # in pixel units, made once: no copy per batch
+        self.mean = torch.tensor(mean, device=dev)[:, None, None] * 255 if mean is not None else torch.zeros((), device=dev)
+        self.std = torch.tensor(std, device=dev)[:, None, None] * 255 if std is not None else torch.tensor(255.0, device=dev)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:  # drop_last: every step has the same shape (what compiled graphs want)
+        n = len(self.labels)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __iter__(self):
+        dev, epoch = self.images.device, self.sampler.epoch
+        order = (self.sampler.permutation() if self.shuffle else torch.arange(len(self.labels))).to(dev)
+        for i in range(len(self)):
+            idx = order[i * self.batch_size:(i + 1) * self.batch_size]  # images and labels share the indices
+            x = self.images[idx].float()  # (B, 3, H, W) pixels, gathered on the device
+            x = self.augment(x, idx, epoch) if self.augment else x
+            yield (x - self.mean) / self.std, self.labels[idx]
+
+
+class DeviceCIFAR10DataModule(CIFAR10DataModule):
+    """CIFAR10DataModule whose whole uint8 dataset sits on the accelerator; batches are normalised and augmented there."""
+
+    def __init__(self, *args, device: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.device = device  # None: the Trainer's device, else the GPU if there is one, else the CPU
+
+    def setup(self, stage: str | None = None) -> None:
+        super().setup(stage)
+        dev = torch.device(self.device or (self.trainer.strategy.root_device if self.trainer
+                                           else "cuda" if torch.cuda.is_available() else "cpu"))
+        for name in ("train_set", "val_set", "test_set"):
+            ds = getattr(self, name, None)
+            if ds is not None:  # 50,000 images are 150 MB as uint8: one copy, then every epoch reads device memory
+                ds.images, ds.labels = ds.images.to(dev), ds.labels.to(dev)
+
+    def _batches(self, ds, train: bool, batch_size: int | None = None, augment: Augment | None = None,
+                 drop_last: bool = False, seed: int | None = None) -> DeviceBatches:
+        """One split as DeviceBatches with this module's normalisation."""
+        hp = self.hparams
+        mean, std = (hp.mean, hp.std) if hp.normalize else (None, None)
+        return DeviceBatches(ds.images, ds.labels, batch_size or hp.batch_size, shuffle=train,
+                             seed=hp.seed if seed is None else seed, augment=augment, drop_last=drop_last,
+                             mean=mean, std=std)
+
+    def train_dataloader(self) -> DeviceBatches:
+        return self._batches(self.train_set, True, augment=RandomCropFlip() if self.hparams.augment else None)
+
+    def val_dataloader(self) -> DeviceBatches:
+        return self._batches(self.val_set, False)
+
+    def test_dataloader(self) -> DeviceBatches:
+        return self._batches(self.test_set, False)
+
+    def predict_dataloader(self) -> DeviceBatches:
+        return self.test_dataloader()
+
+
+class SpeedrunDataModule(DeviceCIFAR10DataModule):
+    """The splits on the device, trained with airbench's augmentation in full batches; evaluated in big batches.
+
+    `seed` fixes the split; `shuffle_seed` (default: seed) the batch order and augmentation, so runs with several
+    seeds can share one test set. A speedrun does not validate, so by default no validation images are carved:
+    all 50,000 training images train (45,000 when the test split is carved from them too)."""
+
+    def __init__(self, *args, batch_size: int = 1024, eval_batch_size: int = 1000, translate: int = 2,
+                 flip: bool = True, shuffle_seed: int | None = None, val_fraction: float = 0.0, **kwargs):
+        super().__init__(*args, batch_size=batch_size, val_fraction=val_fraction, **kwargs)
+        self.eval_batch_size, self.translate, self.flip = eval_batch_size, translate, flip
+        self.shuffle_seed = self.hparams.seed if shuffle_seed is None else shuffle_seed
+
+    def setup(self, stage: str | None = None) -> None:
+        if getattr(self, "train_set", None) is None or self.hparams.test_folder:  # splits never change: carve once
+            super().setup(stage)
+
+    def train_dataloader(self) -> DeviceBatches:
+        augment = AlternatingFlipTranslate(len(self.train_set), self.shuffle_seed, self.translate, self.flip)
+        return self._batches(self.train_set, True, augment=augment, drop_last=True, seed=self.shuffle_seed)
+
+    def val_dataloader(self) -> DeviceBatches:
+        return self._batches(self.val_set, False, self.eval_batch_size)
+
+    def test_dataloader(self) -> DeviceBatches:
+        return self._batches(self.test_set, False, self.eval_batch_size)
