@@ -3,9 +3,8 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# CIFAR-10 as JPEG class folders, where an instructor's machine or CI provides them; otherwise lessons download.
-SHARED_DATA := $(abspath ../shared/data/cifar10-jpeg)
-export COURSE_DATA ?= $(if $(wildcard $(SHARED_DATA)/train),$(SHARED_DATA),)
+# Data: COURSE_DATA if set, else ../shared/data/cifar10-jpeg where it exists, else torchvision's download
+# (course_lib.config.data_source decides, for the lessons, the CLI, the scripts and the tests alike).
 
 .PHONY: course test lessons lab venv clean
 
@@ -21,8 +20,9 @@ $(STAMP): pyproject.toml
 course: $(STAMP)
 	COURSE_SIZE=$${COURSE_SIZE:-full} $(BIN)/python -m course_lib.runner
 
-## Unit tests plus every notebook through nbval, in smoke size.
+## Lint, then the unit tests plus every notebook through nbval, in smoke size.
 test: $(STAMP)
+	$(BIN)/ruff check course_lib scripts tests
 	COURSE_SIZE=smoke $(BIN)/python -m pytest -q
 
 ## Re-run the lessons and write their outputs back into notebooks/ (what is committed).

@@ -16,7 +16,7 @@ from lightning.fabric.utilities.throughput import Throughput
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from . import config
+from . import config, runs
 from .timing import DeviceTimer
 
 # dense bf16 tensor-core peaks in TFLOP/s from the vendors' data sheets; first matching name wins (order matters)
@@ -122,10 +122,9 @@ def bench(module: L.LightningModule, datamodule: L.LightningDataModule, name: st
           **trainer_kwargs) -> dict:
     """Train `warmup + steps` steps and return one result row (see FIELDS) for the timed steps."""
     cb = BenchCallback(warmup, steps, clock)
-    trainer = L.Trainer(max_steps=warmup + steps, accelerator=accelerator, devices=1, precision=precision,
-                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
-                        callbacks=[cb], **trainer_kwargs)
+    trainer = runs.trainer(None, precision, timing=True, **{"max_epochs": None, "max_steps": warmup + steps,
+                                                             "accelerator": accelerator, "callbacks": [cb],
+                                                             **trainer_kwargs})
     trainer.fit(module, datamodule=datamodule)
     if len(cb.step_s) < steps:
         raise ValueError(f"Benchmark {name!r} ran only {len(cb.step_s)} timed steps of {steps}: the training set is "
@@ -164,10 +163,10 @@ def add_speedups(rows: list[dict], baseline: str) -> list[dict]:
 
 def table(rows: list[dict], fields: list[str] | None = None) -> str:
     """A markdown table of result rows (the given fields, default FIELDS), with the hardware and size under it."""
-    cols = [c for c in (fields or FIELDS + ["speedup", "repeats"]) if c in rows[0]]
+    cols = fields or [c for c in FIELDS + ["speedup", "repeats"] if c in rows[0]]
     fmt = lambda v: f"{v:,.3g}" if isinstance(v, float) else str(v)  # noqa: E731
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows]
+    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
     return "\n".join(lines) + f"\n\nHardware: {config.hardware_label()}; size {config.run_size().name}"
 
 

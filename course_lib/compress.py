@@ -20,7 +20,9 @@ from torch import nn
 from torchao.quantization.pt2e import allow_exported_model_train_eval, move_exported_model_to_eval
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e, prepare_qat_pt2e
 from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
-    X86InductorQuantizer, get_default_x86_inductor_quantization_config)
+    X86InductorQuantizer,
+    get_default_x86_inductor_quantization_config,
+)
 
 from .timing import time_calls
 
@@ -53,8 +55,8 @@ def x86_quantizer(is_qat: bool = False, reduce_range: bool | None = None) -> X86
 
     reduce_range (default: True on a CPU without VNNI) keeps activations in 0..127. Without VNNI, oneDNN's int8
     kernels add pairs of u8 x s8 products in 16 bits (vpmaddubsw), which saturate with full-range activations: the
-    compiled model then loses accuracy that the eager reference graph does not show. Max-pools stay in fp32. torchao 0.18's Inductor weight-prepack pass stops with an AssertionError (in `qconv`,
-    postop_name) on a quantized max-pool that feeds a residual add, as in ResNet9; unquantized max-pools avoid it
+    compiled model then loses accuracy that the eager reference graph does not show. Max-pools stay in fp32.
+    torchao 0.18's Inductor weight-prepack pass stops with an AssertionError (in `qconv`, postop_name) on a quantized max-pool that feeds a residual add, as in ResNet9; unquantized max-pools avoid it
     at the cost of one dequantize/quantize pair around each pool."""
     reduce_range = not has_vnni() if reduce_range is None else reduce_range
     config = get_default_x86_inductor_quantization_config(is_qat=is_qat, reduce_range=reduce_range)
@@ -210,7 +212,7 @@ def zipped_mb(path: str | Path) -> float:
 
 @torch.no_grad()
 def latency_ms(model, batch: int, warmup: int = 2, repeats: int = 20, shape=(3, 32, 32), device: str = "cpu") -> float:
-    """Median ms of one forward pass on a random (batch, *shape) input on `device`, after warm-up (timing.time_calls)."""
+    """Median ms of one forward pass on a random (batch, *shape) input on `device`, after warm-up (time_calls)."""
     x = example_input(batch, shape).to(device)
     return 1e3 * statistics.median(time_calls(lambda: model(x), repeats, warmup, device))
 
@@ -233,19 +235,3 @@ def cpu_flags() -> dict[str, bool]:
         return {}
     present = set(flags.split(":", 1)[1].split())
     return {f: f in present for f in CPU_FLAGS}
-
-
-def table(rows: list[dict], cols: list[str]) -> str:
-    """A markdown table of `cols` from result rows, with the hardware named under it."""
-    from . import config
-
-    fmt = lambda v: f"{v:,.3g}" if isinstance(v, float) else str(v)  # noqa: E731
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
-    return "\n".join(lines) + f"\n\nHardware: {config.hardware_label()}; size {config.run_size().name}"
-
-
-__all__ = ["BATCH", "EXAMPLE_BATCH", "CPU_FLAGS", "example_input", "export", "has_vnni", "x86_quantizer",
-           "drop_unused_attributes", "quantize_ptq", "fold_batchnorm", "prepare_qat", "convert_qat", "quantize_linear_int8", "compile_for_cpu",
-           "prunable", "sparsity", "PruneAtStart", "save_program", "load_program", "size_mb", "zipped_mb", "latency_ms",
-           "accuracy", "cpu_flags", "table"]

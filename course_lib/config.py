@@ -8,7 +8,8 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -33,6 +34,8 @@ class RunSize:
     epochs: int  # epochs for the lesson's main training run
     bench_steps: int  # timed steps per throughput measurement, after warm-up
     repeats: int  # repeated measurements per figure (median reported)
+    width: float = 1.0  # fraction of the lesson's full network width (channels)
+    batch_size: int | None = None  # images per step where the size decides it; None: the lesson's own choice
 
 
 SIZES = {
@@ -43,12 +46,29 @@ SIZES = {
 }
 
 
-def run_size() -> RunSize:
-    """Read the run-size switch (env COURSE_SIZE, default full); the only place it is read."""
+# Lessons whose work does not fit the common size: (lesson, size, "cpu" or "gpu") -> what differs. On a CPU, full
+# sizes are chosen so each lesson finishes in about 10 minutes on 2 cores; on a GPU, full is the real thing.
+LESSON_SCALES = {
+    ("07_quantization", "smoke", "cpu"): dict(width=0.25),  # ResNet-9 at 16 channels
+    ("07_quantization", "smoke", "gpu"): dict(width=0.25),
+    ("07_quantization", "full", "cpu"): dict(train_subset=10_000, eval_subset=2_000, width=0.5),  # 32 channels
+    ("08_capstone", "smoke", "cpu"): dict(train_subset=256, eval_subset=256, epochs=2, width=1 / 8, batch_size=64),
+    ("08_capstone", "smoke", "gpu"): dict(train_subset=256, eval_subset=256, epochs=2, width=1 / 8, batch_size=64),
+    ("08_capstone", "full", "cpu"): dict(train_subset=5_000, epochs=10, width=1 / 4, batch_size=256),
+    ("08_capstone", "full", "gpu"): dict(epochs=10, batch_size=1024),  # airbench94's schedule on all the data
+}
+
+
+def run_size(lesson: str | None = None, gpu: bool | None = None) -> RunSize:
+    """The run size from the switch (env COURSE_SIZE, default full), the only place it is read; for a lesson, with
+    that lesson's scale on this kind of device (gpu: None asks the hardware) from LESSON_SCALES."""
     name = os.environ.get(SIZE_ENV, "full").strip().lower()
     if name not in SIZES:
         raise ValueError(f"{SIZE_ENV}={name!r} is not a run size; set {SIZE_ENV} to one of {sorted(SIZES)}.")
-    return SIZES[name]
+    if lesson is None:
+        return SIZES[name]
+    gpu = torch.cuda.device_count() > 0 if gpu is None else gpu  # NVML: no CUDA context, ddp_notebook can fork
+    return replace(SIZES[name], **LESSON_SCALES.get((lesson, name, "gpu" if gpu else "cpu"), {}))
 
 
 def _repo_root() -> Path | None:
@@ -73,9 +93,17 @@ def build_dir() -> Path:
     return root / "build" if root else Path("build")
 
 
+def shared_data_folder() -> Path:
+    """Where an instructor's or CI machine keeps CIFAR-10 as JPEG class folders: ../shared/data/cifar10-jpeg."""
+    return Path(__file__).resolve().parents[2] / "shared" / "data" / "cifar10-jpeg"
+
+
 def data_source() -> str | None:
-    """The image folder named by $COURSE_DATA, or None for torchvision's CIFAR-10 download."""
+    """The image folder named by $COURSE_DATA; unset, the shared folder where it exists; None (or COURSE_DATA set to
+    'torchvision') for torchvision's CIFAR-10 download. The banner of every lesson prints which one it is."""
     src = os.environ.get(DATA_ENV, "").strip()
+    if src == "" and (shared_data_folder() / "train").is_dir():
+        return str(shared_data_folder())
     return None if src in ("", "torchvision") else src
 
 
@@ -195,13 +223,42 @@ def choose_precision(requested: str | None = None, info: dict | None = None) -> 
     return requested
 
 
+def check_devices(accelerator, devices) -> None:
+    """Fail early, naming the remedy, when a launch asks for more GPUs than this machine has."""
+    if not isinstance(accelerator, str) or not str(devices).isdigit():
+        return  # "auto", -1, lists and Accelerator objects: Lightning resolves and checks those itself
+    want, have, acc = int(devices), torch.cuda.device_count(), accelerator.lower()
+    if (acc in ("gpu", "cuda") or (acc == "auto" and have)) and want > have:
+        use_here = (f"Pass --trainer.devices {have} to use the GPUs here" if have else
+                    "Check that the GPU driver works (nvidia-smi) and CUDA_VISIBLE_DEVICES is not empty")
+        raise ValueError(f"devices={want} asks for {want} GPU(s) per node, but this machine has {have} visible CUDA "
+                         f"GPU(s) (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}). "
+                         f"{use_here}; or spread the run over machines with --trainer.num_nodes and one launch per "
+                         f"node (torchrun or SLURM); or pass --trainer.accelerator cpu for CPU processes (gloo).")
+    if acc == "auto" and not have and want > 1:
+        raise ValueError(f"devices={want} with accelerator=auto, but there is no CUDA GPU here: auto would quietly "
+                         f"start {want} CPU processes. Pass --trainer.accelerator cpu if that is what you want.")
+    if acc == "cpu" and want > (os.cpu_count() or 1):
+        warnings.warn(f"devices={want} CPU processes on {os.cpu_count()} cores: they share the cores, so each runs "
+                      f"slower. Fine for testing the DDP code path, not for speed.", stacklevel=2)
+
+
 def banner(lesson: str) -> dict:
     """Print the run size and hardware this lesson's outputs come from; the first output of every lesson."""
     size, info = run_size(), hardware()
     print(f"{lesson} | run size: {size.name} | hardware: {hardware_label(info)}")
     print(f"torch {info['torch']}, torchvision {info['torchvision']}, lightning {info['lightning']}, "
-          f"python {info['python']} | data: {data_source() or 'torchvision CIFAR-10'}")
+          f"python {info['python']} | data: {_shown(data_source()) or 'torchvision CIFAR-10'}")
     return {"lesson": lesson, "size": size.name, **info}
+
+
+def _shown(path: str | None) -> str | None:
+    """A data path as outputs show it: relative to the checkout where it is near it, so no machine's layout leaks."""
+    root = _repo_root()
+    if path is None or root is None or not Path(path).is_absolute():
+        return path
+    rel = os.path.relpath(path, root)
+    return rel if rel.count("..") <= 1 else path
 
 
 def record(lesson: str, name: str, value: float, unit: str = "", note: str = "") -> None:
@@ -219,8 +276,3 @@ def load_results(lesson: str) -> list[dict]:
     """The figures recorded for a lesson, or [] if it has not run."""
     path = build_dir() / "results" / f"{lesson}.json"
     return json.loads(path.read_text()) if path.exists() else []
-
-
-__all__ = ["REPO_URL", "RunSize", "SIZES", "run_size", "data_root", "build_dir", "data_source", "hardware",
-           "CPU_BF16_FLAGS", "bf16_flags_in_cpuinfo", "cpu_bf16_native", "hardware_label", "PRECISIONS",
-           "choose_precision", "banner", "record", "load_results"]

@@ -32,8 +32,8 @@ def train_plain(model: nn.Module, loader, epochs: int, device: str = "cpu", labe
             correct += (logits.detach().argmax(dim=1) == y).sum()
             seen += len(y)
         seconds = timer.seconds(start, timer.mark())
-        history.append({"epoch": epoch, "loss": (total_loss / seen).item(), "acc": (correct / seen).item(), "seconds": seconds,
-                        "images_per_s": seen / seconds})
+        history.append({"epoch": epoch, "loss": (total_loss / seen).item(), "acc": (correct / seen).item(),
+                        "seconds": seconds, "images_per_s": seen / seconds})
     return history
 
 

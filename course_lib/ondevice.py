@@ -58,9 +58,9 @@ class DeviceBatches:
         self.shuffle, self.augment, self.drop_last = shuffle, augment, drop_last
         self.sampler = EpochSampler(len(labels), seed)  # Lightning finds .sampler and calls set_epoch on it
         self.batch_sampler = None  # Lightning inspects it to tell whether evaluation data are shuffled
-        dev = images.device  # in pixel units, made once: no copy per batch
-        self.mean = torch.tensor(mean, device=dev)[:, None, None] * 255 if mean is not None else torch.zeros((), device=dev)
-        self.std = torch.tensor(std, device=dev)[:, None, None] * 255 if std is not None else torch.tensor(255.0, device=dev)
+        dev = images.device  # in pixel units, made once: no copy per batch; None: scale to [0, 1] only
+        self.mean = torch.tensor(mean or 0.0, device=dev).reshape(-1, 1, 1) * 255
+        self.std = torch.tensor(std or 1.0, device=dev).reshape(-1, 1, 1) * 255
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
@@ -80,7 +80,8 @@ class DeviceBatches:
 
 
 class DeviceCIFAR10DataModule(CIFAR10DataModule):
-    """CIFAR10DataModule whose whole uint8 dataset sits on the accelerator; batches are normalised and augmented there."""
+    """CIFAR10DataModule whose whole uint8 dataset sits on the accelerator, where batches are normalised and
+    augmented."""
 
     def __init__(self, *args, device: str | None = None, **kwargs):
         super().__init__(*args, **kwargs)

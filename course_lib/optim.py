@@ -19,7 +19,7 @@ def make_optimizer(params, total_steps: int, optimizer: str = "sgd", lr: float =
         return opt, None
     if total_steps < 4:  # fast_dev_run and other smoke checks: OneCycleLR cannot split fewer steps into phases
         warnings.warn(f"One-cycle schedule skipped: the run has only {total_steps} optimizer steps (needs 4+); "
-                      f"the learning rate stays at {lr}.")
+                      f"the learning rate stays at {lr}.", stacklevel=2)
         return opt, None
     # OneCycleLR divides by (warm-up steps - 1): very short runs (smoke tests) get at least 2 warm-up steps
     pct_start = min(0.5, max(warmup_fraction, 2 / max(total_steps, 1)))

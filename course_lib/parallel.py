@@ -1,5 +1,5 @@
-"""Lesson 06 helpers: hand-made DDP against one process, multi-process throughput, fork safety, and the
-device-count check the CLI runs. `python -m course_lib.parallel --devices N --out row.json` is the script path."""
+"""Lesson 06 helpers: hand-made DDP against one process, multi-process throughput, fork safety.
+`python -m course_lib.parallel --devices N --out row.json` is the script path."""
 from __future__ import annotations
 
 import argparse
@@ -9,19 +9,16 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import warnings
 from pathlib import Path
 
-import lightning as L
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from lightning.fabric.accelerators.cuda import num_cuda_devices
 from torch import nn
 
-from . import config
+from . import config, runs
 from .bench import BenchCallback
-from .data import CIFAR10DataModule
 from .models import build_model
 from .modules import ImageClassifierModule
 
@@ -110,10 +107,9 @@ def measure(make, devices: int, accelerator: str = "cpu", strategy: str = "auto"
     module, dm = make()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "row.json"
-        L.Trainer(max_steps=warmup + steps, accelerator=accelerator, devices=devices, strategy=strategy,
-                  precision=precision, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                  enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
-                  callbacks=[DDPBenchCallback(warmup, steps, out)]).fit(module, datamodule=dm)
+        runs.trainer(None, precision, timing=True, max_epochs=None, max_steps=warmup + steps,
+                     accelerator=accelerator, devices=devices, strategy=strategy,
+                     callbacks=[DDPBenchCallback(warmup, steps, out)]).fit(module, datamodule=dm)
         row = json.loads(out.read_text()) if out.exists() else None
     return row and {"name": name or f"{devices} x {accelerator}", **row, "precision": precision}
 
@@ -136,26 +132,6 @@ def fork_status() -> tuple[bool, str]:
     return True, "no CUDA context in this process yet: ddp_notebook can fork its workers"
 
 
-def check_devices(accelerator, devices) -> None:
-    """Fail early, naming the remedy, when a launch asks for more GPUs than this machine has."""
-    if not isinstance(accelerator, str) or not str(devices).isdigit():
-        return  # "auto", -1, lists and Accelerator objects: Lightning resolves and checks those itself
-    want, have, acc = int(devices), num_cuda_devices(), accelerator.lower()
-    if (acc in ("gpu", "cuda") or (acc == "auto" and have)) and want > have:
-        use_here = (f"Pass --trainer.devices {have} to use the GPUs here" if have else
-                    "Check that the GPU driver works (nvidia-smi) and CUDA_VISIBLE_DEVICES is not empty")
-        raise ValueError(f"devices={want} asks for {want} GPU(s) per node, but this machine has {have} visible CUDA "
-                         f"GPU(s) (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}). "
-                         f"{use_here}; or spread the run over machines with --trainer.num_nodes and one launch per "
-                         f"node (torchrun or SLURM); or pass --trainer.accelerator cpu for CPU processes (gloo).")
-    if acc == "auto" and not have and want > 1:
-        raise ValueError(f"devices={want} with accelerator=auto, but there is no CUDA GPU here: auto would quietly "
-                         f"start {want} CPU processes. Pass --trainer.accelerator cpu if that is what you want.")
-    if acc == "cpu" and want > (os.cpu_count() or 1):
-        warnings.warn(f"devices={want} CPU processes on {os.cpu_count()} cores: they share the cores, so each runs "
-                      f"slower. Fine for testing the DDP code path, not for speed.")
-
-
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="DDP training throughput on N devices; rank 0 writes the row to --out.")
     for flag, kind, default in [("devices", int, 1), ("accelerator", str, "gpu" if num_cuda_devices() else "cpu"),
@@ -164,10 +140,10 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument(f"--{flag}", type=kind, default=default)
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
-    check_devices(a.accelerator, a.devices)
-    make = lambda: (ImageClassifierModule(a.model), CIFAR10DataModule(  # noqa: E731  (per-process batch size)
-        image_folder=a.data or config.data_source(), batch_size=a.batch, num_workers=a.workers,
-        persistent_workers=a.workers > 0, pin_memory=a.accelerator != "cpu"))
+    config.check_devices(a.accelerator, a.devices)
+    make = lambda: (ImageClassifierModule(a.model), runs.datamodule(  # noqa: E731  (per-process batch size)
+        image_folder=a.data or config.data_source(), batch_size=a.batch,
+        num_workers=a.workers, persistent_workers=a.workers > 0, pin_memory=a.accelerator != "cpu"))
     row = measure(make, a.devices, a.accelerator, "ddp" if a.devices > 1 else "auto", a.warmup, a.steps, a.precision)
     if row:
         Path(a.out).write_text(json.dumps(row))

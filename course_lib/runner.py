@@ -1,4 +1,4 @@
-"""`python -m course_lib.runner`: execute every lesson top to bottom and write build/summary.md (what `make course` runs)."""
+"""`python -m course_lib.runner`: execute every lesson top to bottom and write build/summary.md (`make course`)."""
 from __future__ import annotations
 
 import argparse

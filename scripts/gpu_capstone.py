@@ -25,13 +25,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout: no install needed (GPU machine)
 
 from course_lib import config, experiments, models, speedrun
-from course_lib.ondevice import SpeedrunDataModule
 from course_lib.data import list_image_folder
+from course_lib.ondevice import SpeedrunDataModule
 
 
 def make_data(out: Path) -> None:
     """Pack the training folder's JPEG files, in CIFAR10DataModule's order, as bytes plus offsets and labels."""
-    folder = Path(config.data_source() or "../shared/data/cifar10-jpeg") / "train"
+    folder = Path(config.data_source() or config.shared_data_folder()) / "train"
     files, labels, classes = list_image_folder(folder)  # sorted by class, then file name: the cache's order
     blobs = [f.read_bytes() for f in files]
     offsets = torch.tensor([0] + [len(b) for b in blobs]).cumsum(0)

@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from course_lib import bench, config
 from course_lib.data import CIFAR10DataModule, load_image_folder
-from course_lib.ondevice import DeviceCIFAR10DataModule
 from course_lib.modules import ImageClassifierModule
+from course_lib.ondevice import DeviceCIFAR10DataModule
 
 TARGETS = [  # (lesson, config, baseline, required speedup): the issue's targets for an H100/H200-class GPU
     ("03", "small CNN, GPU-resident data", "small CNN, DataLoader 8 workers", 1.5),
@@ -30,7 +30,7 @@ TARGETS = [  # (lesson, config, baseline, required speedup): the issue's targets
 
 def make_subset(out: Path, n: int) -> None:
     """Save a seeded random subset of the real training images as one uint8 tensor file to carry."""
-    data = load_image_folder(Path(config.data_source() or "../shared/data/cifar10-jpeg") / "train")
+    data = load_image_folder(Path(config.data_source() or config.shared_data_folder()) / "train")
     keep = torch.randperm(len(data["labels"]), generator=torch.Generator().manual_seed(0))[:n]
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"images": data["images"][keep].clone(), "labels": data["labels"][keep].clone(),

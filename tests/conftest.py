@@ -1,4 +1,5 @@
-"""Shared fixtures: the real CIFAR-10 JPEG folder (found or made from a download), small copies of it, and per-test cache isolation."""
+"""Shared fixtures: the real CIFAR-10 JPEG folder (found, or made from a download), small copies of it, and per-test
+cache isolation."""
 from __future__ import annotations
 
 import os
@@ -25,7 +26,6 @@ def copy_images(src_split: Path, dst_split: Path, classes, per_class: int) -> Pa
     return dst_split
 
 
-SHARED_FOLDER = REPO.parent / "shared" / "data" / "cifar10-jpeg"  # an instructor's or CI machine's copy
 DOWNLOAD_ROOT = config.data_root()  # read at import, before each test points COURSE_DATA_ROOT at a temporary folder
 
 
@@ -68,7 +68,9 @@ def locate_cifar_folder(source: str | None, shared: Path, data_root: Path, mirro
 def cifar_folder() -> Path:
     """The real CIFAR-10 JPEG folder (<folder>/train/<class>/*.jpg); without one the whole run stops, remedies named."""
     try:
-        return locate_cifar_folder(config.data_source(), SHARED_FOLDER, DOWNLOAD_ROOT)
+        source = os.environ.get(config.DATA_ENV, "").strip()
+        return locate_cifar_folder(None if source in ("", "torchvision") else source, config.shared_data_folder(),
+                                   DOWNLOAD_ROOT)
     except DataUnavailable as err:
         pytest.exit(str(err), returncode=pytest.ExitCode.USAGE_ERROR)
 

@@ -8,8 +8,17 @@ import pytest
 import torch
 
 from course_lib import config
-from course_lib.data import (CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, CIFAR10DataModule, EpochSampler,
-                             augment_batch, load_image_folder, load_torchvision_cifar10, split_indices)
+from course_lib.data import (
+    CIFAR10_CLASSES,
+    CIFAR10_MEAN,
+    CIFAR10_STD,
+    CIFAR10DataModule,
+    EpochSampler,
+    augment_batch,
+    load_image_folder,
+    load_torchvision_cifar10,
+    split_indices,
+)
 
 MEAN = torch.tensor(CIFAR10_MEAN)[:, None, None]
 STD = torch.tensor(CIFAR10_STD)[:, None, None]
@@ -46,6 +55,7 @@ def test_normalize_false_gives_unit_range(tiny_folder, tmp_path):
     dm.setup("fit")
     x, _ = next(iter(dm.val_dataloader()))
     assert 0 <= x.min() and x.max() <= 1
+    torch.testing.assert_close(x * 255, (x * 255).round(), atol=1e-4, rtol=0)  # pixel levels k/255, not normalised
 
 
 def test_split_sizes_and_subset(tiny_folder, tmp_path):

@@ -7,13 +7,12 @@ import io
 import pickle
 import tarfile
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import DataUnavailable, locate_cifar_folder
 from torchvision.datasets import CIFAR10
 
-from conftest import DataUnavailable, locate_cifar_folder
 from course_lib.data import CIFAR10_CLASSES, decode_image, list_image_folder
 
 PER_CLASS = 3  # real images per class in the local archive: 30 in all, 5 training batches of 6
@@ -45,7 +44,8 @@ def local_mirror(cifar_folder, tmp_path, monkeypatch):
     (tmp_path / "www").mkdir()
     (tmp_path / "www" / "cifar-10-python.tar.gz").write_bytes(archive.getvalue())
     monkeypatch.setattr(CIFAR10, "tgz_md5", md5(archive.getvalue()))
-    monkeypatch.setattr(CIFAR10, "train_list", [[f"data_batch_{b}", md5(blobs[f"data_batch_{b}"])] for b in range(1, 6)])
+    monkeypatch.setattr(CIFAR10, "train_list", [[f"data_batch_{b}", md5(blobs[f"data_batch_{b}"])]
+                                                for b in range(1, 6)])
     monkeypatch.setattr(CIFAR10, "test_list", [["test_batch", md5(blobs["test_batch"])]])
     monkeypatch.setattr(CIFAR10, "meta", {"filename": "batches.meta", "key": "label_names",
                                           "md5": md5(blobs["batches.meta"])})

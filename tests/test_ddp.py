@@ -13,9 +13,8 @@ import pytest
 import torch
 import yaml
 from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
-from torch.utils.data import DistributedSampler
 
-from course_lib import cli, parallel
+from course_lib import cli, config, parallel
 from course_lib.data import EpochSampler
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,24 +44,6 @@ def test_ddp_matches_one_process_on_the_combined_batch(world):
     assert max_diff(part.state_dict(), one) > 1e-3
 
 
-@pytest.mark.parametrize("n, world", [(12, 2), (10, 2), (10, 3), (7, 4)])
-@pytest.mark.parametrize("shuffle", [False, True])
-def test_distributed_sampler_shards_are_disjoint_and_covering(n, world, shuffle):
-    """Every index lands on some rank; ranks share none beyond the padding that evens out their lengths."""
-    for epoch in (0, 1):
-        shards = []
-        for rank in range(world):
-            sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=shuffle, seed=0)
-            sampler.set_epoch(epoch)
-            shards.append(list(sampler))
-        flat = [i for s in shards for i in s]
-        assert set(flat) == set(range(n))  # covering
-        assert len({len(s) for s in shards}) == 1  # equal step counts, or the all-reduce would hang
-        assert len(flat) - len(set(flat)) == (-n) % world  # disjoint apart from the padding
-        if n % world == 0:
-            assert len(flat) == len(set(flat))
-
-
 def test_lightning_shards_the_course_sampler_disjoint_and_covering():
     """Under DDP Lightning wraps CIFAR10DataModule's EpochSampler in a DistributedSamplerWrapper: still a partition."""
     n, world = 64, 2
@@ -75,19 +56,19 @@ def test_lightning_shards_the_course_sampler_disjoint_and_covering():
 def test_more_gpus_than_present_fails_with_the_remedy(monkeypatch):
     """accelerator gpu with more devices than GPUs: the CLI stops before training and names what to do."""
     for have in (0, 1):
-        monkeypatch.setattr(parallel, "num_cuda_devices", lambda have=have: have)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda have=have: have)
         with pytest.raises(ValueError, match=rf"devices=8 asks for 8 GPU\(s\).* has {have} visible") as err:
             cli.main(["fit", "--config", str(REPO / "configs/lenet.yaml"), "--trainer.accelerator", "gpu",
                       "--trainer.devices", "8"])
         assert "--trainer.accelerator cpu" in str(err.value) and "--trainer.num_nodes" in str(err.value)
     assert "--trainer.devices 1 " in str(err.value)  # with one GPU: use the one that exists
-    monkeypatch.setattr(parallel, "num_cuda_devices", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     with pytest.raises(ValueError, match="no CUDA GPU here: auto would quietly start 2 CPU processes"):
-        parallel.check_devices("auto", 2)
+        config.check_devices("auto", 2)
     with pytest.warns(UserWarning, match="share the cores"):
-        parallel.check_devices("cpu", (os.cpu_count() or 1) + 1)
-    parallel.check_devices("cpu", 2)  # CPU processes up to the core count: fine
-    parallel.check_devices("auto", 1)
+        config.check_devices("cpu", (os.cpu_count() or 1) + 1)
+    config.check_devices("cpu", 2)  # CPU processes up to the core count: fine
+    config.check_devices("auto", 1)
 
 
 def test_torchrun_cli_ddp_two_cpu_processes(tmp_path, tiny_folder):

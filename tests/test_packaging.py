@@ -4,10 +4,10 @@ from __future__ import annotations
 import ast
 import json
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name

@@ -27,7 +27,8 @@ for script in sys.argv[1:]:
 
 
 def test_gpu_scripts_run_from_a_checkout_without_install(tmp_path):
-    """`python scripts/<script>.py --help` from another folder, course_lib not installed: imports resolve, usage prints."""
+    """`python scripts/<script>.py --help` from another folder, course_lib not installed: imports resolve, usage
+    prints."""
     res = subprocess.run([sys.executable, "-c", WITHOUT_INSTALL, *map(str, SCRIPTS)], cwd=tmp_path,
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]

@@ -1,0 +1,60 @@
+"""The one wiring point: a lesson's DataModule and Trainer settings from the run size, the data source and the
+precision policy. Notebooks, the CLI and the scripts build their data and trainers here instead of repeating it."""
+from __future__ import annotations
+
+import logging
+import warnings
+
+import lightning as L
+
+from . import config
+from .data import CIFAR10DataModule
+from .ondevice import DeviceCIFAR10DataModule, SpeedrunDataModule
+
+#: Trainer settings for a timing run: nothing but training (no validation, logging, checkpoints or progress bar)
+TIMING = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+              limit_val_batches=0, num_sanity_val_steps=0)
+DATAMODULES = {"loader": CIFAR10DataModule, "device": DeviceCIFAR10DataModule, "speedrun": SpeedrunDataModule}
+
+
+def data_kwargs(lesson: str | None = None, **overrides) -> dict:
+    """The data source and the run size's subsets for a lesson (None: the plain run size), plus any overrides."""
+    size = config.run_size(lesson)
+    return {"image_folder": config.data_source(), "subset": size.train_subset, "eval_subset": size.eval_subset,
+            **overrides}
+
+
+def datamodule(lesson: str | None = None, kind: str = "loader", **overrides) -> L.LightningDataModule:
+    """A lesson's DataModule: "loader" (DataLoader over decoded images), "device" (data on the accelerator) or
+    "speedrun" (lesson 08's batches); keyword overrides go to its constructor (batch_size, seed, device, ...)."""
+    if kind not in DATAMODULES:
+        raise ValueError(f"kind must be one of {sorted(DATAMODULES)}, got {kind!r}.")
+    return DATAMODULES[kind](**data_kwargs(lesson, **overrides))
+
+
+def trainer_kwargs(lesson: str | None = None, precision: str | None = "32-true", timing: bool = False,
+                   **overrides) -> dict:
+    """Trainer arguments: the run size's epochs, a precision checked against this hardware (None: the policy's
+    choice, config.choose_precision), no progress bar or model summary; timing=True adds TIMING."""
+    base = {"max_epochs": config.run_size(lesson).epochs, "accelerator": "auto", "devices": 1,
+            "precision": config.choose_precision(precision), "enable_progress_bar": False,
+            "enable_model_summary": False}
+    return {**base, **(TIMING if timing else {}), **overrides}
+
+
+def trainer(lesson: str | None = None, precision: str | None = "32-true", timing: bool = False,
+            **overrides) -> L.Trainer:
+    """A Trainer built from trainer_kwargs."""
+    return L.Trainer(**trainer_kwargs(lesson, precision, timing, **overrides))
+
+
+def cli_defaults() -> dict:
+    """LightningCLI defaults (dotted keys) for the data source and run size; flags and configs override them."""
+    return {**{f"data.{k}": v for k, v in data_kwargs().items()}, "trainer.max_epochs": config.run_size().epochs}
+
+
+def quiet_lightning() -> None:
+    """Lessons and scripts call this once: Lightning's tips (litlogger, litmodels) and per-Trainer device banners
+    off, and its torch-2.14 pytree deprecation warning, which no learner can act on, hidden; real warnings stay."""
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated.*")
