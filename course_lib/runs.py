@@ -53,8 +53,16 @@ def cli_defaults() -> dict:
     return {**{f"data.{k}": v for k, v in data_kwargs().items()}, "trainer.max_epochs": config.run_size().epochs}
 
 
+#: warnings no learner can act on: Lightning 2.6 calling a pytree API torch 2.14 deprecates, and the notice that a
+#: timing run (validation off on purpose) skips the validation loop
+UNACTIONABLE = (r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",
+                r".*defined a `validation_step` but have no `val_dataloader`.*")
+
+
 def quiet_lightning() -> None:
     """Lessons and scripts call this once: Lightning's tips (litlogger, litmodels) and per-Trainer device banners
-    off, and its torch-2.14 pytree deprecation warning, which no learner can act on, hidden; real warnings stay."""
+    off, torch's 'No CUDA runtime' build notice off, and the UNACTIONABLE warnings hidden; real warnings stay."""
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated.*")
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+    for message in UNACTIONABLE:
+        warnings.filterwarnings("ignore", message=message)
