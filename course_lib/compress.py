@@ -56,8 +56,9 @@ def x86_quantizer(is_qat: bool = False, reduce_range: bool | None = None) -> X86
     reduce_range (default: True on a CPU without VNNI) keeps activations in 0..127. Without VNNI, oneDNN's int8
     kernels add pairs of u8 x s8 products in 16 bits (vpmaddubsw), which saturate with full-range activations: the
     compiled model then loses accuracy that the eager reference graph does not show. Max-pools stay in fp32.
-    torchao 0.18's Inductor weight-prepack pass stops with an AssertionError (in `qconv`, postop_name) on a quantized max-pool that feeds a residual add, as in ResNet9; unquantized max-pools avoid it
-    at the cost of one dequantize/quantize pair around each pool."""
+    torchao 0.18's Inductor weight-prepack pass stops with an AssertionError (in `qconv`, postop_name) on a
+    quantized max-pool that feeds a residual add, as in ResNet9; unquantized max-pools avoid it at the cost of one
+    dequantize/quantize pair around each pool."""
     reduce_range = not has_vnni() if reduce_range is None else reduce_range
     config = get_default_x86_inductor_quantization_config(is_qat=is_qat, reduce_range=reduce_range)
     quantizer = X86InductorQuantizer().set_global(config)

@@ -3,6 +3,7 @@ precision policy. Notebooks, the CLI and the scripts build their data and traine
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 
 import lightning as L
@@ -61,8 +62,10 @@ UNACTIONABLE = (r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",
 
 def quiet_lightning() -> None:
     """Lessons and scripts call this once: Lightning's tips (litlogger, litmodels) and per-Trainer device banners
-    off, torch's 'No CUDA runtime' build notice off, and the UNACTIONABLE warnings hidden; real warnings stay."""
+    off, torch's 'No CUDA runtime' build notice and the profiler's C++ notices off, and the UNACTIONABLE warnings
+    hidden; real warnings stay."""
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # the profiler's C++ notices (e.g. no GPU found) off
     for message in UNACTIONABLE:
         warnings.filterwarnings("ignore", message=message)
