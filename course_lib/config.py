@@ -51,7 +51,7 @@ SIZES = {
 LESSON_SCALES = {
     ("07_quantization", "smoke", "cpu"): dict(width=0.25),  # ResNet-9 at 16 channels
     ("07_quantization", "smoke", "gpu"): dict(width=0.25),
-    ("07_quantization", "full", "cpu"): dict(train_subset=10_000, eval_subset=2_000, width=0.5),  # 32 channels
+    ("07_quantization", "full", "cpu"): dict(train_subset=4_096, eval_subset=2_000, width=0.25),  # 16 channels
     ("08_capstone", "smoke", "cpu"): dict(train_subset=256, eval_subset=256, epochs=2, width=1 / 8, batch_size=64),
     ("08_capstone", "smoke", "gpu"): dict(train_subset=256, eval_subset=256, epochs=2, width=1 / 8, batch_size=64),
     ("08_capstone", "full", "cpu"): dict(train_subset=5_000, epochs=10, width=1 / 4, batch_size=256),
