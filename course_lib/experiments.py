@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 import sys
 from pathlib import Path
+from typing import Callable
 
 import lightning as L
 import torch
@@ -24,14 +25,30 @@ def spread(values: list[float], fmt: str = "{:.2f}", unit: str = "") -> str:
             f"{fmt.format(max(values))}{unit}, {len(values)} runs)")
 
 
-def run_seed(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, seed: int, epochs: int,
+def mean_diff(a: list[float], b: list[float], fmt: str = "{:+.2f}", unit: str = "") -> str:
+    """'mean(b) - mean(a) ± its standard error (sqrt(s_a²/n_a + s_b²/n_b)) (n_b and n_a runs)' of two sets of runs."""
+    d = statistics.mean(b) - statistics.mean(a)
+    se = (sum(statistics.variance(v) / len(v) for v in (a, b))) ** 0.5 if min(len(a), len(b)) > 1 else float("nan")
+    return f"{fmt.format(d)}{unit} ± {fmt.format(se).lstrip('+')}{unit} (standard error; {len(b)} and {len(a)} runs)"
+
+
+def mean_ratio(a: list[float], b: list[float]) -> str:
+    """'mean(b) / mean(a) ± its standard error (delta method)' of two sets of runs, e.g. times."""
+    r = statistics.mean(b) / statistics.mean(a)
+    rel = (sum(statistics.variance(v) / len(v) / statistics.mean(v) ** 2 for v in (a, b)) ** 0.5
+           if min(len(a), len(b)) > 1 else float("nan"))
+    return f"{r:.3f}x ± {r * rel:.3f}x (standard error; {len(b)} and {len(a)} runs)"
+
+
+def run_seed(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, seed: int, epochs: float,
              precision: str | None = None) -> dict:
     """Fresh weights and batch order for `seed` (a compiled net stays compiled), train, test with TTA; timed on the
-    device: whitening init and training in fit_s, TTA in test_s, data loading in neither."""
+    device: whitening init and training in fit_s, TTA in test_s (total_s both), data loading in neither.
+    Fractional epochs (speedrun.EPOCHS) train ceil(epochs x batches per epoch) steps."""
     speedrun.fresh_weights(module, seed)  # in place: the compiled graphs stay valid
     dm.shuffle_seed, module.whiten_images = seed, dm.train_set.images
     timer, clock = bench.EpochTimer(), DeviceTimer(dm.train_set.images.device)
-    trainer = speedrun.make_trainer(epochs, precision, callbacks=[timer])
+    trainer = speedrun.make_trainer(epochs, precision, steps_per_epoch=len(dm.train_dataloader()), callbacks=[timer])
     start = clock.mark()
     trainer.fit(module, datamodule=dm)
     fitted = clock.mark()
@@ -39,31 +56,53 @@ def run_seed(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, seed: int,
     tested = clock.mark()
     return {"seed": seed, "acc": acc, "train_s": sum(timer.seconds), "epoch_s": timer.seconds,
             "fit_s": clock.seconds(start, fitted), "test_s": clock.seconds(fitted, tested),
+            "total_s": clock.seconds(start, tested), "steps": trainer.global_step,
             "losses": torch.stack(module.step_losses).float().cpu()}
 
 
-def seed_runs(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, seeds: list[int], epochs: int,
-              precision: str | None = None, warmup_seed: int | None = None) -> list[dict]:
-    """run_seed for each seed, after an untimed warm-up run (compilation, cuDNN autotuning) when warmup_seed is set."""
+def seed_runs(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, seeds: list[int], epochs: float,
+              precision: str | None = None, warmup_seed: int | None = None,
+              on_run: Callable[[list[dict]], object] | None = None) -> list[dict]:
+    """run_seed for each seed, after an untimed warm-up run (compilation, cuDNN autotuning) when warmup_seed is set;
+    on_run(runs so far) after each run (e.g. to rewrite a results file, so an interrupted job keeps its figures)."""
     if warmup_seed is not None:
         run_seed(module, dm, warmup_seed, epochs, precision)
-    return [run_seed(module, dm, seed, epochs, precision) for seed in seeds]
+    runs = []
+    for seed in seeds:
+        runs.append(run_seed(module, dm, seed, epochs, precision))
+        if on_run is not None:
+            on_run(runs)
+    return runs
 
 
-def compare_twin(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, run: dict, epochs: int,
-                 precision: str | None = None) -> dict:
-    """Train the plain-PyTorch twin on the same seed and batches as `run`; epoch-time ratio, loss and accuracy gaps."""
+def compare_twin(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, run: dict, epochs: float,
+                 precision: str | None = None, net: AirNet | None = None) -> dict:
+    """Train the plain-PyTorch twin on the same seed and batches as `run`; epoch-time ratio, loss and accuracy gaps.
+
+    net: a twin AirNet to reuse (fresh weights for the seed are loaded into it, so a compiled one stays compiled);
+    default a new one. Timed as run_seed: whitening and training in twin_fit_s, TTA in twin_test_s."""
     dm.shuffle_seed = run["seed"]
     L.seed_everything(run["seed"], verbose=False)  # the same initial weights as fresh_weights gave the module
+    fresh = AirNet(module.recipe.widths)
+    if net is None:
+        net = fresh
+    else:
+        net.load_state_dict(fresh.state_dict())  # in place, whitened flag reset: train_twin whitens again
     precision = config.choose_precision(precision)
-    twin = speedrun.train_twin(AirNet(module.recipe.widths), dm.train_dataloader(), epochs, module.recipe, precision)
+    batches, clock = dm.train_dataloader(), DeviceTimer(dm.train_set.images.device)
+    start = clock.mark()
+    twin = speedrun.train_twin(net, batches, epochs, module.recipe, precision)
+    fitted = clock.mark()
     steady = slice(1, None) if epochs > 1 else slice(None)  # epoch 0 holds warm-up (and compilation on a GPU)
     lit_epoch, twin_epoch = statistics.median(run["epoch_s"][steady]), statistics.median(twin["epoch_s"][steady])
     diff = (run["losses"] - twin["losses"]).abs()
     first = min(10, len(diff))
     acc = speedrun.evaluate_tta(twin["net"], dm.test_set.images, dm.test_set.labels, module.hparams.tta_level,
-                                bf16=precision == "bf16-mixed")
+                                batch_size=dm.eval_batch_size, bf16=precision == "bf16-mixed")
+    tested = clock.mark()
     return {"ratio": lit_epoch / twin_epoch, "lit_epoch_s": lit_epoch, "twin_epoch_s": twin_epoch,
+            "twin_fit_s": clock.seconds(start, fitted), "twin_test_s": clock.seconds(fitted, tested),
+            "twin_total_s": clock.seconds(start, tested), "seed": run["seed"],
             "steady_from": steady.start or 0, "loss_diff_first": diff[:first].max().item(), "first": first,
             "loss_diff_all": diff.max().item(), "twin_acc": acc, "lit_acc": run["acc"], "twin": twin}
 

@@ -83,12 +83,13 @@ class ResNet9(nn.Module):
 class ConvGroup(nn.Module):
     """conv3x3 -> maxpool2 -> BN -> GELU -> conv3x3 -> BN -> GELU: (B, c_in, H, W) -> (B, c_out, H//2, W//2)."""
 
-    def __init__(self, c_in: int, c_out: int, bn_momentum: float):
+    def __init__(self, c_in: int, c_out: int, bn_momentum: float, bn_eps: float = 1e-12):
         super().__init__()
         self.conv1 = nn.Conv2d(c_in, c_out, 3, padding=1, bias=False)  # no bias: BatchNorm supplies one
         self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
-        self.norm1 = nn.BatchNorm2d(c_out, momentum=bn_momentum)
-        self.norm2 = nn.BatchNorm2d(c_out, momentum=bn_momentum)
+        # eps 1e-12 as airbench94 (PyTorch's default is 1e-5): the batch variance alone sets the scale
+        self.norm1 = nn.BatchNorm2d(c_out, eps=bn_eps, momentum=bn_momentum)
+        self.norm2 = nn.BatchNorm2d(c_out, eps=bn_eps, momentum=bn_momentum)
         for conv in (self.conv1, self.conv2):  # first c_in filters start as the identity: the net starts near a skip
             nn.init.dirac_(conv.weight.data[:conv.in_channels])
         for norm in (self.norm1, self.norm2):  # scale fixed at 1 (the next conv rescales anyway); only the bias learns
@@ -100,23 +101,25 @@ class ConvGroup(nn.Module):
 
 
 class AirNet(nn.Module):
-    """Frozen 2x2 patch-whitening conv, three conv groups, global max pool, linear head with a fixed output scale."""
+    """airbench94's net: a frozen 2x2 patch-whitening conv (its bias trains from zero) and GELU, three conv groups,
+    global max pool, linear head with a fixed output scale. bn_momentum is PyTorch's (airbench's 0.6 is 1 - 0.4)."""
 
     def __init__(self, widths: tuple[int, int, int] = WIDTHS, num_classes: int = 10, scale: float = 1 / 9,
-                 bn_momentum: float = 0.4):
+                 bn_momentum: float = 0.4, bn_eps: float = 1e-12):
         super().__init__()
         if len(widths) != 3 or min(widths) < 1:
             raise ValueError(f"widths must be three positive channel counts, e.g. {WIDTHS}; got {widths}.")
         self.whiten = nn.Conv2d(3, 24, 2)  # (B, 3, 32, 32) -> (B, 24, 31, 31); filters set by init_whitening
         self.whiten.weight.requires_grad_(False)  # frozen: a fixed change of basis, not a learned layer
+        nn.init.zeros_(self.whiten.bias)  # trained from zero for the first epochs (Recipe.whiten_bias_epochs)
         self.register_buffer("whitened", torch.tensor(False))  # saved in checkpoints, so reloads skip the init
         c = [24, *widths]
-        self.groups = nn.Sequential(*(ConvGroup(c[i], c[i + 1], bn_momentum) for i in range(3)))
+        self.groups = nn.Sequential(*(ConvGroup(c[i], c[i + 1], bn_momentum, bn_eps) for i in range(3)))
         self.head = nn.Linear(widths[-1], num_classes, bias=False)
         self.scale = scale  # small logits at init: with label smoothing, a calm start for a high learning rate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 3, 32, 32) normalised
-        x = self.groups(self.whiten(x))  # (B, 24, 31, 31) -> 15 -> 7 -> (B, widths[-1], 3, 3)
+        x = self.groups(F.gelu(self.whiten(x)))  # (B, 24, 31, 31) -> 15 -> 7 -> (B, widths[-1], 3, 3)
         # global max pool -> (B, widths[-1]); a pooling op, not amax, whose compiled bf16 backward gave NaN on a CPU
         x = F.adaptive_max_pool2d(x, 1).flatten(1)
         return self.head(x) * self.scale  # (B, classes)
@@ -124,23 +127,23 @@ class AirNet(nn.Module):
 
 @torch.no_grad()
 def init_whitening(net: AirNet, images: torch.Tensor, max_images: int = 5000, eps: float = 5e-4) -> None:
-    """Set net.whiten to the eigenvectors of the 2x2 patch covariance of these images (and their negatives)."""
+    """Set net.whiten to the eigenvectors of the 2x2 patches' second-moment matrix (uncentred, as airbench94),
+    largest eigenvalue first, each scaled to unit output variance, and their negatives; its bias to zero."""
     if images.ndim != 4 or images.shape[1] != 3 or len(images) == 0:
         raise ValueError(f"init_whitening needs training images shaped (N, 3, H, W), got {tuple(images.shape)}.")
-    total, outer, n = torch.zeros(12, dtype=torch.float64, device=images.device), 0, 0
+    outer, n = torch.zeros(12, 12, dtype=torch.float64, device=images.device), 0
     for chunk in images[:max_images].split(500):  # chunks: the patches of 5,000 images would take 0.5 GB
         x = to_float(chunk) if chunk.dtype == torch.uint8 else chunk.float()
         p = x.unfold(2, 2, 1).unfold(3, 2, 1)  # (b, 3, H-1, W-1, 2, 2)
         p = p.permute(0, 2, 3, 1, 4, 5).reshape(-1, 12).double()  # one row per patch, ordered like a conv filter
-        total, outer, n = total + p.sum(0), outer + p.T @ p, n + len(p)
-    mean = total / n
-    cov = outer / n - torch.outer(mean, mean)  # (12, 12)
-    eigval, eigvec = torch.linalg.eigh(cov)  # ascending eigenvalues; eigenvectors in the columns
+        outer, n = outer + p.T @ p, n + len(p)
+    eigval, eigvec = torch.linalg.eigh(outer / n)  # (12, 12) second moments; ascending eigenvalues, vectors in columns
+    eigval, eigvec = eigval.flip(0), eigvec.flip(1)  # largest first, as airbench orders its filters
     eigvec = eigvec * eigvec.gather(0, eigvec.abs().argmax(0, keepdim=True)).sign()  # fix signs: deterministic
-    filters = eigvec.T / (eigval.clamp_min(0) + eps).sqrt()[:, None]  # (12, 12): each output has unit variance
-    weight = torch.cat([filters, -filters])  # (24, 12): +/- pairs, so GELU later keeps both signs
+    filters = eigvec.T / (eigval.clamp_min(0) + eps).sqrt()[:, None]  # (12, 12): each output has unit second moment
+    weight = torch.cat([filters, -filters])  # (24, 12): +/- pairs, so the GELU after them keeps both signs
     net.whiten.weight.copy_(weight.reshape(24, 3, 2, 2))
-    net.whiten.bias.copy_(-(weight @ mean))  # centred outputs
+    net.whiten.bias.zero_()  # airbench's: no centring; the bias learns the shift in the first epochs
     net.whitened.fill_(True)
 
 

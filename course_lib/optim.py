@@ -27,8 +27,10 @@ def make_optimizer(params, total_steps: int, optimizer: str = "sgd", lr: float =
 
 
 def lr_factor(step: int, total: int, warmup: float = 0.23, start: float = 0.2, end: float = 0.07) -> float:
-    """Schedule multiplier: linear from `start` to 1 over the first `warmup` of the steps, then linear to `end`."""
-    peak = max(1, round(warmup * total))
+    """Schedule multiplier: linear from `start` to 1 over the first `warmup` of the steps, then linear to `end`.
+
+    The peak is at step int(warmup x total), airbench94's triangle (426 steps: 97, not round()'s 98)."""
+    peak = max(1, int(warmup * total))
     if step < peak:
         return start + (1 - start) * step / peak
     return 1 + (end - 1) * min(1.0, (step - peak) / max(1, total - peak))

@@ -69,3 +69,5 @@ def quiet_lightning() -> None:
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # the profiler's C++ notices (e.g. no GPU found) off
     for message in UNACTIONABLE:
         warnings.filterwarnings("ignore", message=message)
+    # torch 2.14's own int8 lowering copies a tensor the way it warns users not to; nothing in course code does
+    warnings.filterwarnings("ignore", message="To copy construct from a tensor", module=r"torch\._inductor\..*")

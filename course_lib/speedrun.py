@@ -1,6 +1,8 @@
-"""Lesson 08's recipe: airbench-style training as a LightningModule, its plain-PyTorch twin, and test-time augmentation."""
+"""Lesson 08's recipe: airbench94's training as a LightningModule, its plain-PyTorch twin, and test-time
+augmentation. tests/test_fidelity.py checks it against a port of airbench94, piece by piece and step for step."""
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 
 import lightning as L
@@ -17,6 +19,18 @@ from .ondevice import DeviceBatches
 from .optim import Lookahead, lookahead_decay, make_speedrun_optimizer
 from .timing import DeviceTimer
 
+#: airbench94's training length: ceil(9.9 x steps per epoch) steps (426 of batch 1024 on 45,000 images)
+EPOCHS = 9.9
+_NESTEROV_GAIN = 1 + 1 / (1 - 0.85)  # airbench94 divides its LR and decay by this (momentum 0.85's step gain)
+
+
+def total_steps(epochs: float, steps_per_epoch: int) -> int:
+    """Optimiser steps of a run of `epochs` (fractional allowed) epochs: ceil(epochs x steps per epoch), airbench's
+    rule; the last epoch stops early when epochs is fractional."""
+    if epochs <= 0 or steps_per_epoch < 1:
+        raise ValueError(f"Need epochs > 0 and steps_per_epoch >= 1, got {epochs} and {steps_per_epoch}.")
+    return math.ceil(epochs * steps_per_epoch)
+
 
 @dataclass(frozen=True)
 class Recipe:
@@ -25,9 +39,9 @@ class Recipe:
     widths: tuple[int, int, int] = WIDTHS  # channels of AirNet's three conv groups
     batch_size: int = 1024  # images per step; lr and weight_decay below are per batch 1024 and scale with it
     label_smoothing: float = 0.2
-    lr: float = 1.5  # airbench94's settings rewritten for a mean (not summed) loss
+    lr: float = 11.5 / _NESTEROV_GAIN  # = 1.5: airbench94's 11.5 per 1024 summed-loss examples, for a mean loss
     momentum: float = 0.85
-    weight_decay: float = 2e-3  # the shrink per step at peak LR (lr x SGD's decay)
+    weight_decay: float = 0.0153 / _NESTEROV_GAIN  # = 1.996e-3, the shrink per step at peak LR (lr x SGD's decay)
     bias_scale: float = 64.0  # BatchNorm biases learn this many times faster
     warmup: float = 0.23  # fraction of the steps spent warming the LR up
     lookahead_every: int = 5  # steps between lookahead updates; 0: off
@@ -130,8 +144,9 @@ class SpeedrunModule(ClassifierSystem):
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         if batch_idx == 0 and len(batch[1]) != self.hparams.batch_size:  # the LR is scaled for this batch size
-            raise ValueError(f"The training batches hold {len(batch[1])} images but batch_size={self.hparams.batch_size}"
-                             f" sets the learning rate: pass batch_size={len(batch[1])} to SpeedrunModule.")
+            raise ValueError(f"The training batches hold {len(batch[1])} images but batch_size="
+                             f"{self.hparams.batch_size} sets the learning rate: pass batch_size={len(batch[1])} "
+                             f"to SpeedrunModule.")
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
         step, every = self.trainer.global_step, self.hparams.lookahead_every  # global_step counts this step
@@ -149,18 +164,29 @@ def fresh_weights(module: SpeedrunModule, seed: int) -> None:
     module.net.load_state_dict(AirNet(module.hparams.widths).state_dict())  # copies into the existing tensors
 
 
-def make_trainer(epochs: int, precision: str | None = None, **kwargs) -> L.Trainer:
-    """A Trainer for timing: no validation, logger, checkpoints or progress bar; precision from choose_precision."""
-    opts = dict(max_epochs=epochs, accelerator="auto", devices=1, logger=False, enable_checkpointing=False,
-                enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0)
+def make_trainer(epochs: float, precision: str | None = None, steps_per_epoch: int | None = None,
+                 **kwargs) -> L.Trainer:
+    """A Trainer for timing: no validation, logger, checkpoints or progress bar; precision from choose_precision.
+
+    Fractional epochs (airbench's 9.9, EPOCHS) need steps_per_epoch (len of the training batches): the Trainer then
+    stops after total_steps(epochs, steps_per_epoch) steps, and the LR schedule spans exactly those."""
+    if epochs != int(epochs) and steps_per_epoch is None:
+        raise ValueError(f"epochs={epochs} is fractional: pass steps_per_epoch=len(<training batches>) so the Trainer "
+                         f"can stop after ceil(epochs x steps_per_epoch) steps.")
+    steps = total_steps(epochs, steps_per_epoch) if steps_per_epoch else -1
+    opts = dict(max_epochs=math.ceil(epochs), max_steps=steps, accelerator="auto", devices=1, logger=False,
+                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                limit_val_batches=0, num_sanity_val_steps=0)
     return L.Trainer(precision=config.choose_precision(precision), **{**opts, **kwargs})
 
 
-def train_twin(net: AirNet, batches: DeviceBatches, epochs: int, recipe: Recipe = Recipe(),
+def train_twin(net: AirNet, batches: DeviceBatches, epochs: float, recipe: Recipe = Recipe(),
                precision: str | None = None) -> dict:
     """Plain-PyTorch twin of SpeedrunModule: same optimiser, schedule, lookahead and metrics, no Lightning.
 
-    Whitens from the batches' images. Returns per-step losses (tensor), per-epoch seconds and the trained net."""
+    Whitens from the batches' images (unless net is whitened already); fractional epochs stop after
+    total_steps(epochs, len(batches)) steps. A net compiled by an earlier call stays compiled (not recompiled).
+    Returns per-step losses (tensor), per-epoch seconds and the trained net."""
     precision = config.choose_precision(precision)  # clear error if this hardware lacks it
     if precision == "16-mixed":
         raise ValueError("train_twin supports '32-true' and 'bf16-mixed'; fp16 would also need a GradScaler.")
@@ -172,9 +198,9 @@ def train_twin(net: AirNet, batches: DeviceBatches, epochs: int, recipe: Recipe 
     net = net.to(memory_format=torch.channels_last) if r.channels_last else net
     if not bool(net.whitened):
         init_whitening(net, batches.images)
-    if r.compile:
+    if r.compile and getattr(net, "_compiled_call_impl", None) is None:
         net.compile()
-    total = epochs * len(batches)
+    total = total_steps(epochs, len(batches))
     net.whiten.bias.requires_grad_(True)  # in the optimiser even if an earlier run froze it
     opt, sched = make_speedrun_optimizer(net, total, r.batch_size, r.lr, r.momentum, r.weight_decay, r.bias_scale,
                                          r.warmup)
@@ -182,7 +208,7 @@ def train_twin(net: AirNet, batches: DeviceBatches, epochs: int, recipe: Recipe 
     acc, mean_loss = MulticlassAccuracy(10, average="micro", validate_args=False).to(device), MeanMetric().to(device)
     lookahead, timer = (Lookahead(net) if r.lookahead_every else None), DeviceTimer(device)
     losses, marks, step = [], [], 0
-    for epoch in range(epochs):
+    for epoch in range(math.ceil(epochs)):
         batches.set_epoch(epoch)
         net.whiten.bias.requires_grad_(epoch < r.whiten_bias_epochs)
         marks.append(timer.mark())
@@ -201,6 +227,8 @@ def train_twin(net: AirNet, batches: DeviceBatches, epochs: int, recipe: Recipe 
             losses.append(loss.detach())
             if lookahead is not None and step % r.lookahead_every == 0:
                 lookahead.update(lookahead_decay(step, total))
+            if step == total:  # a fractional last epoch ends here
+                break
         acc.compute(), mean_loss.compute(), acc.reset(), mean_loss.reset()  # read once per epoch, as the module logs
         marks.append(timer.mark())
     if lookahead is not None:
@@ -209,4 +237,5 @@ def train_twin(net: AirNet, batches: DeviceBatches, epochs: int, recipe: Recipe 
     return {"losses": torch.stack(losses).float().cpu(), "epoch_s": epoch_s, "net": net, "recipe": asdict(r)}
 
 
-__all__ = ["Recipe", "tta_logits", "evaluate_tta", "SpeedrunModule", "fresh_weights", "make_trainer", "train_twin"]
+__all__ = ["EPOCHS", "total_steps", "Recipe", "tta_logits", "evaluate_tta", "SpeedrunModule", "fresh_weights",
+           "make_trainer", "train_twin"]

@@ -1,15 +1,29 @@
-"""Lesson 08 on a GPU: the final speedrun recipe over several seeds, and Lightning against its plain twin, offline.
+"""Lesson 08 on a GPU in one offline command: airbench94 itself, the course's Lightning recipe and its plain-PyTorch
+twin on the same images and GPU, then lessons 03-05's benchmarks and lesson 06's one-device row.
 
-    python scripts/gpu_capstone.py --make-data build/carry/cifar10-train-jpeg.pt  # here: 50,000 JPEGs in 45 MiB
-    python scripts/gpu_capstone.py --data build/carry/cifar10-train-jpeg.pt       # on the GPU machine
+    # here, with a network and the JPEG folder: the data pack (45 MiB) and the airbench package (40 KB)
+    pip download airbench==0.1.8 --no-deps --no-binary :all: -d build/sdist
+    python scripts/gpu_capstone.py --make-data build/carry/cifar10-train-jpeg.pt \\
+        --airbench-sdist build/sdist/airbench-0.1.8.tar.gz
+    # on the GPU machine, build/carry carried, nothing installed (torch, lightning, torchmetrics, torchvision there)
+    python scripts/gpu_capstone.py --data build/carry/cifar10-train-jpeg.pt         # about 9 minutes (--budget)
+    # anywhere without a GPU: the same code on a few hundred images; only airbench's CUDA-only training is left out
+    python scripts/gpu_capstone.py --dry-run --data <JPEG folder or pack>
 
-The pack holds the training folder's JPEG files as bytes (raw uint8 images would be 146 MiB); the GPU machine decodes
-them once into build/capstone/cifar10-train-<bytes>.pt, a tensor cache that CIFAR10DataModule reads, so the split
-(45,000 train / 5,000 test, seed 0, no validation) is exactly the notebook's full-size split from the JPEG folder. Recipe: bf16-mixed,
-channels_last, torch.compile, cudnn.benchmark, 10 epochs of batch 1024, TTA. One untimed warm-up run compiles the
-net; the seeds then reuse the compiled net with fresh weights, so their times exclude data loading and compilation.
-Expected to take a few minutes on an H200 (not yet measured). Writes docs/results/<gpu>-capstone.md; without a GPU
-it does a tiny dry run of the same code and writes build/gpu_capstone-dryrun.md instead.
+Order, most important first; the results file is rewritten after every run, so a timeout keeps what was done:
+  (a) airbench94 from build/carry/airbench: one warm-up, then --seeds runs of train94, each timed by airbench with
+      CUDA events (whitening, 9.9 epochs, TTA; data loading excluded) on the course's images, written as its
+      train.pt/test.pt;
+  (b) SpeedrunModule (bf16-mixed, channels_last, compile) through experiments.run_seed, same seeds and timing
+      rules: trainer.fit (whitening + training) plus trainer.test (TTA), after an untimed warm-up (compilation);
+  (c) the plain-PyTorch twin (experiments.compare_twin) per seed, same timing, after its own warm-up;
+  (d) while --budget lasts: scripts/gpu_check.py's lesson 03-05 configurations (target pairs first), then lesson
+      06's one-device row (course_lib.parallel, as scripts/gpu_ddp_check.py measures it).
+All parts use one split: 45,000 training / 5,000 test images carved with seed 0 from the 50,000 training JPEGs (no
+validation). airbench's own benchmark trains on 50,000 and tests on the official 10,000, so its published figures
+(94.01 %, 3.83 s on an A100) are not comparable to these; the ratios here are like for like.
+Writes docs/results/<gpu>-capstone.md and docs/results/<gpu>.md (d); the dry run writes build/gpu_capstone-dryrun.md
+and build/gpu_check-dryrun.md instead (docs/ holds GPU figures only).
 """
 from __future__ import annotations
 
@@ -18,20 +32,25 @@ import logging
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout: no install needed (GPU machine)
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout: no install needed (GPU machine)
+sys.path.insert(0, str(ROOT / "scripts"))  # airbench_carry and lesson_checks beside this file
 
-from course_lib import config, experiments, models, speedrun
-from course_lib.data import list_image_folder
-from course_lib.ondevice import SpeedrunDataModule
+import airbench_carry  # noqa: E402
+import lesson_checks  # noqa: E402
 
+from course_lib import config, experiments, models, speedrun  # noqa: E402
+from course_lib.data import list_image_folder  # noqa: E402
+from course_lib.ondevice import SpeedrunDataModule  # noqa: E402
 
-def make_data(out: Path) -> None:
-    """Pack the training folder's JPEG files, in CIFAR10DataModule's order, as bytes plus offsets and labels."""
-    folder = Path(config.data_source() or config.shared_data_folder()) / "train"
+ORDER = ("setup", "a", "b", "c", "summary", "d")
+def make_data(folder: Path, out: Path) -> None:
+    """Pack a training folder's JPEG files, in CIFAR10DataModule's order, as bytes plus offsets and labels."""
     files, labels, classes = list_image_folder(folder)  # sorted by class, then file name: the cache's order
     blobs = [f.read_bytes() for f in files]
     offsets = torch.tensor([0] + [len(b) for b in blobs]).cumsum(0)
@@ -60,61 +79,205 @@ def decode_pack(pack: Path, out: Path) -> Path:
     return out
 
 
+class Report:
+    """A results file rewritten whole whenever a section changes, sections in ORDER."""
+
+    def __init__(self, path: Path, title: str, info: dict):
+        self.path, self.title, self.info, self.sections = path, title, info, {}
+
+    def set(self, key: str, lines: list[str]) -> None:
+        self.sections[key] = lines
+        lines = [ln for k in ORDER if k in self.sections for ln in [*self.sections[k], ""]]
+        experiments.write_report(self.path, self.title, lines, self.info)
+
+
+def pct(values) -> list[float]:
+    return [100 * v for v in values]
+
+
+def figure(label: str, values: list[float], fmt: str = "{:.3f}", unit: str = " s") -> str:
+    """One report line: '- label: mean ± std (min–max, n runs)'."""
+    return f"- {label}: {experiments.spread(values, fmt, unit)}"
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *["| " + " | ".join(r) + " |" for r in rows], ""]
+
+
+def guarded(report: Report, key: str, head: list[str], fn):
+    """Run one part; a failure goes into its section (traceback tail) and the next part still runs."""
+    try:
+        return fn()
+    except Exception:  # noqa: BLE001  a GPU-only failure must not cost the other parts' figures
+        report.set(key, head + ["", f"FAILED:\n```\n{traceback.format_exc()[-2500:]}\n```"])
+        print(traceback.format_exc(), file=sys.stderr)
+        return []
+
+
+def part_a(args, dm, report, deadline, dry) -> list[dict]:
+    root = airbench_carry.write_data(dm.train_set.images, dm.train_set.labels, dm.test_set.images,
+                                     dm.test_set.labels, dm.classes, config.build_dir() / "capstone" / "airbench")
+    counts = airbench_carry.check_data(root)
+    head = ["## (a) airbench94 itself", "",
+            f"airbench {airbench_carry.VERSION} (`train94`, its hyperparameters: batch 1024, 9.9 epochs, fp16 "
+            f"weights with fp32 BatchNorm, TTA level 2) on {root}/train.pt and test.pt: the course's "
+            f"{counts['train']:,} training and {counts['test']:,} test images, in CifarLoader's format. Time: "
+            f"airbench's own CUDA-event total (whitening + training + TTA), printed by train94."]
+    if dry:
+        report.set("a", head + ["", "- dry run: not run (airbench's make_net94 and timing are CUDA-only); its data "
+                                "files were written and read back as its CifarLoader reads them"])
+        return []
+    airbench = airbench_carry.import_airbench(args.carry)
+
+    def show(runs):
+        report.set("a", head + table(["seed", "test accuracy (TTA)", "printed by train94", "time"], [
+            [str(r["seed"]), f"{r['acc']:.2%}", f"{r['printed_acc']:.4f}", f"{r['time_s']:.3f} s"] for r in runs]) + [
+            figure("accuracy", pct(r["acc"] for r in runs), "{:.2f}", " %"),
+            figure("time", [r["time_s"] for r in runs])])
+
+    report.set("a", head + ["", "(running)"])
+    return airbench_carry.run(airbench, config.build_dir() / "capstone" / "airbench", args.seeds_list, deadline,
+                              on_run=show)
+
+
+def part_b(module, dm, report, seeds, epochs, precision, deadline, head) -> list[dict]:
+    experiments.run_seed(module, dm, 1000, epochs, precision)  # warm-up: compilation, cuDNN autotuning
+    runs = []
+    for seed in seeds:
+        if time.monotonic() > deadline:
+            report.set("b", report.sections["b"] + [f"- time budget spent after {len(runs)} runs"])
+            break
+        runs.append(experiments.run_seed(module, dm, seed, epochs, precision))
+        last = runs[-1]["epoch_s"]
+        flops = experiments.flop_summary(module.recipe.widths, module.recipe.batch_size, len(dm.train_dataloader()),
+                                         statistics.median(last[1:] or last))
+        report.set("b", head + table(
+            ["seed", "test accuracy (TTA)", "trainer.fit (whitening + training)", "trainer.test (TTA)", "total",
+             "training epochs only"],
+            [[str(r["seed"]), f"{r['acc']:.2%}"] + [f"{r[k]:.3f} s" for k in ("fit_s", "test_s", "total_s", "train_s")]
+             for r in runs]) + [
+            figure("accuracy", pct(r["acc"] for r in runs), "{:.2f}", " %"),
+            figure("time (fit + test)", [r["total_s"] for r in runs]),
+            figure("trainer.fit", [r["fit_s"] for r in runs]), figure("trainer.test", [r["test_s"] for r in runs]),
+            f"- {flops['text']} (median epoch after the first, last run)"])
+    return runs
+
+
+def part_c(module, dm, report, runs, epochs, precision, deadline, head) -> list[dict]:
+    torch.manual_seed(1000)  # warm-up twin: compiles its graphs, so the timed runs exclude compilation
+    net = models.AirNet(module.recipe.widths)
+    warm = speedrun.train_twin(net, dm.train_dataloader(), epochs, module.recipe, precision)
+    speedrun.evaluate_tta(warm["net"], dm.test_set.images, dm.test_set.labels, batch_size=dm.eval_batch_size,
+                          bf16=precision == "bf16-mixed")
+    twins = []
+    for run in runs:
+        if time.monotonic() > deadline:
+            report.set("c", report.sections["c"] + [f"- time budget spent after {len(twins)} runs"])
+            break
+        twins.append(experiments.compare_twin(module, dm, run, epochs, precision, net=net))
+        report.set("c", head + table(
+            ["seed", "twin accuracy (TTA)", "Lightning accuracy", "twin total", "Lightning total",
+             "Lightning / twin epoch (median, epochs 1+)", "largest loss difference, first 10 steps"],
+            [[str(t["seed"]), f"{t['twin_acc']:.2%}", f"{t['lit_acc']:.2%}", f"{t['twin_total_s']:.3f} s",
+              f"{r['total_s']:.3f} s", f"{t['ratio']:.3f}x", f"{t['loss_diff_first']:.2e}"]
+             for t, r in zip(twins, runs)]) + [
+            figure("accuracy", pct(t["twin_acc"] for t in twins), "{:.2f}", " %"),
+            figure("time (whitening + training + TTA)", [t["twin_total_s"] for t in twins]),
+            figure("Lightning / twin epoch time (target <= 1.05x)", [t["ratio"] for t in twins], unit="x")])
+    return twins
+
+
+def summary(report, a, b, c) -> None:
+    ratio, diff = experiments.mean_ratio, experiments.mean_diff
+    b_acc, b_time = pct(r["acc"] for r in b), [r["total_s"] for r in b]
+    a_acc, a_time = pct(r["acc"] for r in a), [r["time_s"] for r in a]
+    c_acc, c_time = pct(t["twin_acc"] for t in c), [t["twin_total_s"] for t in c]
+    lines = ["## Comparison", "", "Ratios of mean times to a tested net and differences of mean accuracy:", ""]
+    if a and b:
+        lines += [f"- time, Lightning recipe (b) / airbench94 (a): {ratio(a_time, b_time)}",
+                  f"- accuracy, (b) - (a): {diff(a_acc, b_acc, unit=' pt')}"]
+    if c:
+        lines += [f"- time, Lightning (b) / plain twin (c): {ratio(c_time, b_time[:len(c)])}",
+                  f"- accuracy, (b) - (c): {diff(c_acc, b_acc[:len(c)], unit=' pt')}"]
+    if a and c:
+        lines.append(f"- time, plain twin (c) / airbench94 (a): {ratio(a_time, c_time)}")
+    if b:
+        verdict = "reached" if statistics.mean(b_acc) >= 94 else "not reached"
+        lines.append(f"- 94 % on the held-out images: {verdict} by the course's recipe "
+                     f"(mean {statistics.mean(b_acc):.2f} %)")
+    report.set("summary", lines)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", help="pack from --make-data, image folder or tensor cache (default: COURSE_DATA)")
-    p.add_argument("--make-data", type=Path, help="write the JPEG pack here and exit")
-    p.add_argument("--seeds", type=int, default=5)
-    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--data", help="pack from --make-data, JPEG folder (<folder>/train/<class>/*.jpg) or tensor cache "
+                                  "(default: COURSE_DATA)")
+    p.add_argument("--make-data", type=Path, help="write the JPEG pack here (and the airbench package) and exit")
+    p.add_argument("--airbench-sdist", type=Path, help="with --make-data: airbench's sdist, unpacked into --carry")
+    p.add_argument("--carry", type=Path, default=ROOT / "build" / "carry", help="folder holding airbench/ (carried)")
+    p.add_argument("--seeds", type=int, default=5, help="timed runs per part")
+    p.add_argument("--epochs", type=float, default=speedrun.EPOCHS)
+    p.add_argument("--budget", type=float, default=540, help="seconds for the whole script; (d) uses what is left")
+    p.add_argument("--dry-run", action="store_true", help="tiny sizes (the default without a GPU)")
     args = p.parse_args()
     if args.make_data:
-        make_data(args.make_data)
+        make_data(Path(args.data or config.data_source() or config.shared_data_folder()) / "train", args.make_data)
+        if args.airbench_sdist:
+            print(f"airbench package in {airbench_carry.carry_package(args.airbench_sdist, args.carry)}")
         return 0
-    t0 = time.perf_counter()
+    t0 = time.monotonic()
+    deadline = t0 + args.budget
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)  # no per-run banner
     gpu = torch.cuda.is_available()
-    source = args.data or config.data_source()
-    if source and source.endswith(".pt") and "jpeg" in torch.load(source, weights_only=True, mmap=True):
-        decoded = f"cifar10-train-{Path(source).stat().st_size}.pt"  # named by the pack's size: a new pack decodes anew
-        source = str(decode_pack(Path(source), config.build_dir() / "capstone" / decoded))
-    # without a GPU: a dry run of the same code on a few images and a narrow net, so the script is testable anywhere
-    widths, batch, subset, eval_subset = ((models.WIDTHS, 1024, None, None) if gpu
-                                          else (tuple(w // 8 for w in models.WIDTHS), 64, 256, 256))
-    epochs, seeds = (args.epochs, args.seeds) if gpu else (2, 2)
+    dry = args.dry_run or not gpu
+    source = Path(args.data or config.data_source() or config.shared_data_folder())
+    if source.is_dir():  # a JPEG folder: pack it, as --make-data does, then use the pack
+        pack = config.build_dir() / "capstone" / "pack.pt"
+        make_data(source / "train", pack)
+        source = pack
+    if "jpeg" in torch.load(source, weights_only=True, mmap=True):
+        decoded = f"cifar10-train-{source.stat().st_size}.pt"  # named by the pack's size: a new pack decodes anew
+        source = decode_pack(source, config.build_dir() / "capstone" / decoded)
+    widths, batch, subset, eval_subset = ((tuple(w // 8 for w in models.WIDTHS), 64, 256, 256) if dry
+                                          else (models.WIDTHS, 1024, None, None))
+    epochs, args.seeds_list = (1.5, [0, 1]) if dry else (args.epochs, list(range(args.seeds)))
     precision = config.choose_precision()  # the course's policy: bf16 where native
     torch.backends.cudnn.benchmark = gpu
     start = time.perf_counter()
-    dm = SpeedrunDataModule(image_folder=source, batch_size=batch, subset=subset, eval_subset=eval_subset,
+    dm = SpeedrunDataModule(image_folder=str(source), batch_size=batch, subset=subset, eval_subset=eval_subset,
                             seed=0, device="cuda" if gpu else "cpu")
     dm.prepare_data()
     dm.setup("fit")
     data_s = time.perf_counter() - start
-    module = speedrun.SpeedrunModule(widths, batch, channels_last=gpu, compile=gpu)
-    runs = experiments.seed_runs(module, dm, list(range(seeds)), epochs, precision, warmup_seed=1000)
-    twin = experiments.compare_twin(module, dm, runs[-1], epochs, precision)
-    flops = experiments.flop_summary(widths, batch, len(dm.train_dataloader()), twin["lit_epoch_s"])
-    accs, train_s = [r["acc"] for r in runs], [r["train_s"] for r in runs]
-    lines = [f"Data: {args.data or source}; train {len(dm.train_set):,} / test {len(dm.test_set):,} images (seed-0 "
-             f"split of the JPEG training folder); AirNet{widths}, batch {batch}, {epochs} epochs, {precision}, "
-             f"channels_last and compile {gpu}, TTA level 2. Data loading ({data_s:.1f} s) and an untimed warm-up "
-             f"run (compilation) are not in the times below. Whole script: {time.perf_counter() - t0:.0f} s.", "",
-             "| seed | test accuracy | training (epochs) | trainer.fit call | test with TTA |", "|---|---|---|---|---|"]
-    lines += [f"| {r['seed']} | {r['acc']:.2%} | {r['train_s']:.2f} s | {r['fit_s']:.2f} s | {r['test_s']:.2f} s |"
-              for r in runs]
-    lines += ["", f"- accuracy {experiments.spread([100 * a for a in accs], unit=' %')}; 94 % "
-              f"{'reached' if statistics.mean(accs) >= 0.94 else 'not reached'}",
-              f"- training time {experiments.spread(train_s, unit=' s')}; trainer.fit call "
-              f"{experiments.spread([r['fit_s'] for r in runs], unit=' s')}",
-              f"- Lightning / plain twin epoch time: {twin['ratio']:.3f}x (median of epochs {twin['steady_from']}+, "
-              f"target <= 1.05x); largest loss difference over the first {twin['first']} steps "
-              f"{twin['loss_diff_first']:.2e}; test accuracy with TTA, seed {runs[-1]['seed']}: Lightning "
-              f"{twin['lit_acc']:.2%}, twin {twin['twin_acc']:.2%}",
-              f"- {flops['text']}"]
     info = config.hardware()
-    # without a GPU this is only a dry run: keep it out of docs/, whose figures are GPU figures
-    out = (Path("docs/results") / f"{info['gpu'].replace(' ', '_')}-capstone.md" if gpu
-           else config.build_dir() / "gpu_capstone-dryrun.md")
-    experiments.write_report(out, f"Lesson 08 capstone on {config.hardware_label(info)}", lines, info)
+    out = (config.build_dir() / "gpu_capstone-dryrun.md" if dry
+           else ROOT / "docs" / "results" / f"{info['gpu'].replace(' ', '_')}-capstone.md")
+    report = Report(out, f"Lesson 08 capstone on {config.hardware_label(info)}{' (dry run)' if dry else ''}", info)
+    steps = speedrun.total_steps(epochs, len(dm.train_dataloader()))
+    report.set("setup", [
+        f"Data: {args.data or source}; train {len(dm.train_set):,} / test {len(dm.test_set):,} images: the seed-0 "
+        f"split of the 50,000 training JPEGs (no validation), the same images for (a), (b) and (c); airbench's own "
+        f"benchmark uses 50,000 + the official 10,000 test images. AirNet{widths}, batch {batch}, {epochs} epochs "
+        f"({steps} steps), TTA level 2; course: {precision}, channels_last and compile {gpu and not dry}. "
+        f"Data loading ({data_s:.1f} s) and warm-up runs are not in the times. {len(args.seeds_list)} timed runs "
+        f"per part, seeds {args.seeds_list}; budget {args.budget:.0f} s.", ""])
+    a = guarded(report, "a", ["## (a) airbench94 itself"], lambda: part_a(args, dm, report, deadline, dry))
+    module = speedrun.SpeedrunModule(widths, batch, channels_last=gpu and not dry, compile=gpu and not dry)
+    b_head = ["## (b) the course's SpeedrunModule (Lightning)", "",
+              "Timed by experiments.run_seed on CUDA events: trainer.fit (whitening + training) + trainer.test (TTA)."]
+    b = guarded(report, "b", b_head, lambda: part_b(module, dm, report, args.seeds_list, epochs, precision,
+                                                    deadline, b_head))
+    c_head = ["## (c) the plain-PyTorch twin", "",
+              "speedrun.train_twin per seed of (b), same batches and initial weights (experiments.compare_twin), "
+              "timed the same way: whitening + training, then TTA."]
+    c = guarded(report, "c", c_head, lambda: part_c(module, dm, report, b, epochs, precision, deadline, c_head))
+    guarded(report, "summary", ["## Comparison"], lambda: summary(report, a, b, c))
+    d_head = ["## (d) lessons 03-05 and 06's one-device row", ""]
+    guarded(report, "d", d_head, lambda: lesson_checks.run(
+        source, float("inf") if dry else deadline, dry, info, lambda lines: report.set("d", d_head + lines)))
+    report.sections["setup"][0] += f" Whole script: {time.monotonic() - t0:.0f} s."
+    report.set("setup", report.sections["setup"])
     print(out.read_text() + f"\nwritten to {out}")
     return 0
 

@@ -40,18 +40,20 @@ def test_airnet_shape_and_parameter_count():
 
 
 def test_whitening_is_deterministic_decorrelates_and_stays_frozen(real):
-    """Same images -> same filters; outputs are decorrelated; an optimiser step leaves the filters unchanged."""
+    """Same images -> same filters; outputs are decorrelated (uncentred second moments, as airbench94), largest
+    eigenvalue first; the bias is zero; an optimiser step leaves the filters unchanged."""
     images, labels = real
     a, b = AirNet(SMALL), AirNet(SMALL)
     init_whitening(a, images)
     init_whitening(b, images.clone())
     assert torch.equal(a.whiten.weight, b.whiten.weight) and bool(a.whitened)
-    assert not a.whiten.weight.requires_grad
-    with torch.no_grad():  # channel covariance of the first 12 outputs: diagonal (whitened patches)
-        out = a.whiten(next(iter(DeviceBatches(images, labels, 60)))[0])[:, :12]
-        cov = torch.cov(out.permute(1, 0, 2, 3).reshape(12, -1))
-    off = cov - torch.diag(cov.diagonal())
-    assert off.abs().max() < 1e-3 * cov.diagonal().max() and cov.diagonal().max() <= 1.01
+    assert not a.whiten.weight.requires_grad and torch.equal(a.whiten.bias, torch.zeros(24))
+    with torch.no_grad():  # second moments of the first 12 outputs: diagonal (whitened patches), not centred
+        out = a.whiten(next(iter(DeviceBatches(images, labels, 60)))[0])[:, :12].permute(1, 0, 2, 3).reshape(12, -1)
+        moments = out @ out.T / out.shape[1]
+    off = moments - torch.diag(moments.diagonal())
+    assert off.abs().max() < 1e-3 * moments.diagonal().max() and moments.diagonal().max() <= 1.01
+    assert moments.diagonal()[0] > 0.95 and moments.diagonal()[-1] < 0.5  # 5e-4 damps the smallest eigenvalues
     frozen = a.whiten.weight.clone()
     opt, _ = optim.make_speedrun_optimizer(a, 10, 60, 1.5, 0.85, 2e-3, 64, 0.23)
     torch.nn.functional.cross_entropy(a(torch.randn(4, 3, 32, 32)), labels[:4]).backward()
@@ -111,6 +113,29 @@ def test_lightning_module_and_plain_twin_follow_the_same_loss_curve(real):
     L.seed_everything(0, verbose=False)
     other = speedrun.train_twin(AirNet(SMALL), batches(), 1, Recipe(**{**vars(recipe), "lr": 3.0}), "32-true")
     assert (other["losses"][1:] - lit[1:3]).abs().max() > 1e-3  # the comparison notices a different recipe
+
+
+def test_fractional_epochs_stop_lightning_and_the_twin_at_the_same_step(real):
+    """airbench's 9.9 epochs: ceil(epochs x steps per epoch) steps. The Trainer (max_steps) and the twin stop at the
+    same step with the LR schedule at its end, the partial last epoch still logs, and the losses agree."""
+    images, labels = real[0][:24], real[1][:24]
+    batches = lambda: train_batches(images, labels, 8, seed=5)  # noqa: E731  3 steps per epoch
+    recipe = Recipe(widths=SMALL, batch_size=8, lookahead_every=2)
+    L.seed_everything(0, verbose=False)
+    module = SpeedrunModule(**vars(recipe), whiten_images=images)
+    trainer = speedrun.make_trainer(1.5, "32-true", steps_per_epoch=3)
+    trainer.fit(module, train_dataloaders=batches())
+    assert trainer.global_step == len(module.step_losses) == speedrun.total_steps(1.5, 3) == 5
+    assert "train_loss" in trainer.callback_metrics  # the cut-short epoch ended normally
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(recipe.lr * 8 / 1024 * 0.07)
+    L.seed_everything(0, verbose=False)
+    twin = speedrun.train_twin(AirNet(SMALL), batches(), 1.5, recipe, "32-true")
+    torch.testing.assert_close(twin["losses"], torch.stack(module.step_losses), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(twin["net"].state_dict(), module.net.state_dict(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="steps_per_epoch"):
+        speedrun.make_trainer(1.5)
+    with pytest.raises(ValueError, match="epochs > 0"):
+        speedrun.total_steps(0, 3)
 
 
 def test_tta_levels_and_accuracy_against_a_hand_count(real):

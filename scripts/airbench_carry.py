@@ -1,0 +1,141 @@
+"""airbench94 itself on the course's images, for scripts/gpu_capstone.py: carry the package to an offline machine,
+write the data files its loader reads, run and time it as its own train() does, and read its printed results.
+
+The package (airbench 0.1.8 by Keller Jordan, MIT licence, about 40 KB of Python) is copied out of its source
+archive into <carry>/airbench/, a folder put on sys.path on the GPU machine: nothing is installed there. Get the
+archive once, where there is a network:
+
+    pip download airbench==0.1.8 --no-deps --no-binary :all: -d build/sdist
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import math
+import os
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import torch
+
+VERSION = "0.1.8"
+COLUMNS = ("run", "epoch", "train_loss", "train_acc", "val_acc", "tta_val_acc", "total_time_seconds")
+
+
+def carry_package(sdist: Path, carry: Path) -> Path:
+    """Copy the airbench/ package folder out of its sdist into carry/airbench/ (plus CARRIED.txt: source, sha256)."""
+    out = carry / "airbench"
+    out.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(sdist) as tar:
+        members = [m for m in tar.getmembers() if m.isfile() and m.name.split("/")[-2:-1] == ["airbench"]
+                   and m.name.endswith(".py")]
+        if not any(m.name.endswith("lib_airbench94.py") for m in members):
+            raise SystemExit(f"{sdist} holds no airbench/lib_airbench94.py: pass the airbench {VERSION} sdist.")
+        for m in members:
+            (out / Path(m.name).name).write_bytes(tar.extractfile(m).read())
+    digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    (out / "CARRIED.txt").write_text(f"{sdist.name} sha256 {digest}\n")
+    return out
+
+
+def import_airbench(carry: Path):
+    """Import the carried package (carry/airbench) ahead of any installed one; a clear error if it is missing."""
+    if not (carry / "airbench" / "lib_airbench94.py").exists():
+        raise FileNotFoundError(f"No airbench package in {carry}/airbench: run `gpu_capstone.py --make-data ... "
+                                f"--airbench-sdist airbench-{VERSION}.tar.gz` where the sdist is, and carry {carry}.")
+    sys.path.insert(0, str(carry.resolve()))
+    import airbench
+
+    return airbench
+
+
+def write_data(train_images: torch.Tensor, train_labels: torch.Tensor, test_images: torch.Tensor,
+               test_labels: torch.Tensor, classes: list[str], folder: Path) -> Path:
+    """folder/cifar10/{train,test}.pt as airbench's CifarLoader reads them: {'images': uint8 (N, 32, 32, 3) in
+    (H, W, C) order, as torchvision's CIFAR10.data, 'labels': int64 (N,), 'classes': list of names}."""
+    root = folder / "cifar10"
+    root.mkdir(parents=True, exist_ok=True)
+    for name, images, labels in (("train", train_images, train_labels), ("test", test_images, test_labels)):
+        torch.save({"images": images.cpu().permute(0, 2, 3, 1).contiguous(), "labels": labels.cpu().long(),
+                    "classes": list(classes)}, root / f"{name}.pt")
+    return root
+
+
+def check_data(root: Path) -> dict:
+    """Read the files back as CifarLoader does (torch.load, then images.half() / 255, permuted to (N, 3, H, W)) and
+    check them; returns the image counts. A wrong layout fails here, on any machine, not on the GPU."""
+    counts = {}
+    for name in ("train", "test"):
+        data = torch.load(root / f"{name}.pt", map_location="cpu")  # weights_only by default: plain tensors only
+        images, labels = data["images"], data["labels"]
+        if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[1:] != (32, 32, 3):
+            raise ValueError(f"{root}/{name}.pt: images must be uint8 (N, 32, 32, 3), got {images.dtype} "
+                             f"{tuple(images.shape)}")
+        if labels.dtype != torch.int64 or labels.shape != (len(images),) or not 0 <= labels.min() <= labels.max() < 10:
+            raise ValueError(f"{root}/{name}.pt: labels must be int64 (N,) in 0..9")
+        if len(data["classes"]) != 10:
+            raise ValueError(f"{root}/{name}.pt: 10 class names expected")
+        x = (images[:8].half() / 255).permute(0, 3, 1, 2)  # CifarLoader's conversion
+        assert x.shape == (len(x), 3, 32, 32)
+        counts[name] = len(images)
+    return counts
+
+
+def parse_table(text: str) -> dict:
+    """The 'eval' row of airbench's printed table: {'tta_val_acc', 'total_time_seconds'} as floats."""
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == len(COLUMNS) and cells[1] == "eval":
+            row = dict(zip(COLUMNS, cells))
+            return {"tta_val_acc": float(row["tta_val_acc"]), "total_time_seconds": float(row["total_time_seconds"])}
+    raise ValueError(f"No 'eval' row in airbench's output:\n{text[-2000:]}")
+
+
+@contextlib.contextmanager
+def inside(folder: Path):
+    """cd into folder: train94 builds its test loader from the relative path 'cifar10'."""
+    old = Path.cwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+def run(airbench, folder: Path, seeds: list[int], deadline: float | None = None, on_run=None,
+        log=print) -> list[dict]:
+    """airbench94 as its own main runs it: one CifarLoader over train.pt (batch 1024, flip + translate 2, alternating
+    flip), train94 per run (whitening, 9.9 epochs, TTA; timed by airbench with CUDA events, data loading excluded),
+    after one untimed warm-up run. Each run: airbench's printed TTA accuracy and time, and the accuracy recounted
+    from the returned net (airbench.evaluate, level 2). Stops before a run that would start after `deadline`
+    (time.monotonic()); on_run(runs so far) after each run."""
+    from airbench import lib_airbench94
+
+    hyp = lib_airbench94.hyp
+    runs = []
+    with inside(folder):
+        loader = airbench.CifarLoader("cifar10", train=True, batch_size=hyp["opt"]["batch_size"], aug=hyp["aug"],
+                                      altflip=True)
+        test = airbench.CifarLoader("cifar10", train=False, batch_size=2000)
+        for i, seed in enumerate([None, *seeds]):  # None: the warm-up (cuDNN autotuning), not reported
+            if deadline is not None and seed is not None and time.monotonic() > deadline:
+                log(f"airbench: time budget spent after {len(runs)} runs")
+                break
+            torch.manual_seed(1000 if seed is None else seed)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                model = airbench.train94(loader, run=i, verbose=True)
+            log(out.getvalue().rstrip())
+            if seed is None:
+                continue
+            printed = parse_table(out.getvalue())
+            acc = airbench.evaluate(model, test, tta_level=hyp["net"]["tta_level"])
+            runs.append({"seed": seed, "acc": acc, "printed_acc": printed["tta_val_acc"],
+                         "time_s": printed["total_time_seconds"],
+                         "steps": math.ceil(len(loader) * hyp["opt"]["train_epochs"])})
+            if on_run is not None:
+                on_run(runs)
+    return runs

@@ -1,0 +1,222 @@
+"""Is the course's recipe airbench94? The course's SpeedrunModule (Lightning) against a port of airbench94's own
+training loop (scripts/airbench_port.py) on the same images, epochs, batch and seeds, on a CPU, at a reduced size.
+
+    python scripts/fidelity_cpu.py --impl course --seeds 0 1 2     # one configuration per call, runs one at a time
+    python scripts/fidelity_cpu.py --impl port --seeds 0 1 2
+    python scripts/fidelity_cpu.py --impl course --extras off --seeds 0 1 2   # no label smoothing, bias LR x1,
+    python scripts/fidelity_cpu.py --impl port --extras off --seeds 0 1 2     # no lookahead (both); or one of
+    python scripts/fidelity_cpu.py --impl course --extras no-lookahead        # them: no-smoothing, no-bias-lr
+    python scripts/fidelity_cpu.py --report                        # docs/results/fidelity-cpu.md from the runs
+
+Every run appends one JSON line to build/fidelity/runs.jsonl (accuracy with and without TTA, seconds, settings,
+commit); --report groups them by configuration. Data: the course's seed-0 split of the JPEG folder (COURSE_DATA),
+a seeded subset of its training part and of its 5,000 test images; fp32; 9.9 epochs; LR and decay per batch as
+airbench scales them (per example).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # course_lib from this checkout
+sys.path.insert(0, str(ROOT / "scripts"))  # airbench_port beside this file
+
+import airbench_port  # noqa: E402
+
+from course_lib import config, experiments, speedrun  # noqa: E402
+from course_lib.ondevice import SpeedrunDataModule  # noqa: E402
+from course_lib.timing import DeviceTimer  # noqa: E402
+
+#: --extras: which of airbench's training extras to switch off, as (course, port) keyword arguments
+EXTRAS = {"on": ({}, {}),
+          "off": (dict(label_smoothing=0.0, bias_scale=1.0, lookahead_every=0),
+                  dict(label_smoothing=0.0, bias_scaler=1.0, lookahead=False)),
+          "no-smoothing": (dict(label_smoothing=0.0), dict(label_smoothing=0.0)),
+          "no-bias-lr": (dict(bias_scale=1.0), dict(bias_scaler=1.0)),
+          "no-lookahead": (dict(lookahead_every=0), dict(lookahead=False))}
+
+
+#: airbench94 (0.1.8) against the course, point by point, and what was done; tests/test_fidelity.py checks each
+DEVIATIONS = [  # (point, airbench94, the course before, resolution)
+    ("GELU after the whitening conv", "yes", "**missing**: the +/- filter pairs fed conv group 1 as one linear map",
+     "removed: AirNet.forward applies it"),
+    ("BatchNorm eps", "1e-12", "1e-5 (PyTorch's default)", "removed: 1e-12"),
+    ("BatchNorm momentum, scale", "0.6 in airbench's convention (PyTorch 0.4); scale frozen at 1", "0.4; frozen",
+     "already equal"),
+    ("whitening statistics", "uncentred second moments of the 2x2 patches, fp32, largest eigenvalue first",
+     "centred covariance, fp64, ascending",
+     "removed: uncentred, largest first; fp64 and a deterministic sign per pair kept (filters "
+     "within 1 % of airbench's fp32 ones; a sign only swaps a filter with its negative)"),
+    ("whitening bias", "zero, trained (base LR, decay) 3 epochs, then frozen",
+     "set to -W mean (centred outputs), PyTorch's random bias before",
+     "removed: zero at construction and after init_whitening"),
+    ("length", "9.9 epochs: ceil(9.9 x steps per epoch) steps", "10 epochs",
+     "removed: speedrun.EPOCHS = 9.9 (Trainer max_steps, twin stops at the same step)"),
+    ("LR peak", "step int(0.23 x total)", "round(0.23 x total)", "removed"),
+    ("weight decay", "0.0153 / (1 + 1/(1 - 0.85)) = 1.996e-3 per step at batch 1024", "2e-3", "removed (0.2 %)"),
+    ("loss, LR", "summed loss, LR 11.5 / (1024 x 7.67) per example", "mean loss, LR 1.5 per batch of 1024",
+     "equal: the same update, step for step (test); mean kept (Lightning's and lessons 01-07's " "form)"),
+    ("label smoothing, momentum, BN-bias LR", "0.2, Nesterov 0.85, x64 with the same decay per step", "same",
+     "already equal"),
+    ("lookahead", "every 5 steps, keep 0.95^5 (step/total)^3, all float state-dict entries (BN statistics "
+     "too), final copy", "same",
+     "equal (test); kept: airbench snapshots before whitening, so its first update mixes 0.95^5 "
+     "(5/426)^3 = 1e-6 of the random pre-whitening filters into the frozen layer (fp16 rounds it" " away)"),
+    ("alternating flip", "epoch 0 a random half (pre-flip), odd epochs everything flipped again",
+     "epoch 0 a random half, each later epoch the complement", "equal"),
+    ("translate", "+/-2 px per axis, reflect padding, new per epoch; crop then flip", "same, flip after crop",
+     "equal in distribution"),
+    ("TTA", "1/2 mirror pair, 1/4 each 1-px shifted mirror pair (reflect)", "same", "equal (test, 1e-5)"),
+    ("net, init", "whiten, 3 groups (conv, pool, BN, GELU, conv, BN, GELU), max pool, linear x 1/9; kaiming +"
+     " dirac", "same", "equal: one seed gives the same weights (test)"),
+    ("precision", "fp16 weights and activations, fp32 BatchNorm, no master copy", "bf16-mixed autocast, fp32 weights",
+     "kept: the course's precision policy (lesson 04; no loss scaling, no summed-loss trick, "
+     "fp32 updates); measured on the GPU by gpu_capstone.py (b) - (a), not on this CPU (no " "native fp16/bf16)"),
+    ("speed settings", "channels_last, no compile", "channels_last + compile on a GPU", "speed only"),
+]
+
+
+def datamodule(args) -> SpeedrunDataModule:
+    dm = SpeedrunDataModule(image_folder=args.data, batch_size=args.batch, subset=args.subset,
+                            eval_subset=args.test_subset, seed=0, device="cpu")
+    dm.prepare_data()
+    dm.setup("fit")
+    return dm
+
+
+def run_course(dm, args, seed: int) -> dict:
+    extras = EXTRAS[args.extras][0]
+    module = speedrun.SpeedrunModule(tuple(args.widths), args.batch, **extras)
+    run = experiments.run_seed(module, dm, seed, args.epochs, "32-true")
+    plain = speedrun.evaluate_tta(module.net, dm.test_set.images, dm.test_set.labels, level=0)
+    return {"acc": run["acc"], "acc_no_tta": plain, "time_s": run["total_s"], "steps": run["steps"],
+            "final_loss": run["losses"][-5:].mean().item()}
+
+
+def run_port(dm, args, seed: int) -> dict:
+    torch.manual_seed(seed)  # the port draws everything from the global generator, as airbench does
+    train = airbench_port.Loader(dm.train_set.images, dm.train_set.labels, args.batch, train=True,
+                                 aug=airbench_port.HYP["aug"], altflip=True)
+    test = airbench_port.Loader(dm.test_set.images, dm.test_set.labels, 2000, train=False)
+    extras = EXTRAS[args.extras][1]
+    out = airbench_port.train(train, test, args.epochs, tuple(args.widths), timer=DeviceTimer("cpu"), **extras)
+    return {"acc": out["acc"], "acc_no_tta": out["acc_no_tta"], "time_s": out["time_s"], "steps": out["steps"],
+            "final_loss": out["losses"][-5:].mean().item()}
+
+
+def commit() -> str:
+    res = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "course_lib", "scripts"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.strip()
+    return res.stdout.strip() + ("+uncommitted" if dirty else "")
+
+
+def settings(args) -> dict:
+    return {"subset": args.subset, "test_subset": args.test_subset, "widths": list(args.widths), "batch": args.batch,
+            "epochs": args.epochs}
+
+
+FINDINGS = "<!-- findings: written by hand; kept when --report rewrites the file -->"
+
+
+def report(path: Path, out: Path) -> Path:
+    """Group the runs by configuration; one table row per (settings, implementation, extras). Text after the
+    FINDINGS marker in an existing `out` is kept."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((json.dumps(r["settings"], sort_keys=True), r["impl"], r["extras"]), []).append(r)
+    groups = dict(sorted(groups.items(), key=lambda g: (json.loads(g[0][0])["subset"], g[0][1] != "course",
+                                                         g[0][1], g[0][2] != "on", g[0][2])))
+    kept = out.read_text().split(FINDINGS, 1)[1] if out.exists() and FINDINGS in out.read_text() else ""
+    kept = kept.split("\nVersions and hardware facts:", 1)[0].strip()  # write_report adds a fresh one
+    pct = lambda v: [100 * x for x in v]  # noqa: E731
+    lines = ["## airbench94 against the course", "", "| # | point | airbench94 | the course before | resolution |",
+             "|---|---|---|---|---|", *[f"| {i} | " + " | ".join(row) + " |" for i, row in enumerate(DEVIATIONS, 1)],
+             "", "## Training runs", "",
+             "Each row: one implementation on the same images, epochs, batch and seeds; test accuracy over "
+             "the same held-out images. mean ± std (min–max, runs).", "",
+             "| settings | implementation | extras | seeds | accuracy with TTA | without TTA | seconds per run "
+             "(whitening + training + TTA) | last-5-step loss | commands |", "|---|---|---|---|---|---|---|---|---|"]
+    for (s, impl, extras), rs in groups.items():
+        st = json.loads(s)
+        label = (f"{st['subset']:,} train / {st['test_subset'] or 'all'} test images, AirNet{tuple(st['widths'])}, "
+                 f"batch {st['batch']}, {st['epochs']} epochs, fp32")
+        seeds = ", ".join(str(r["seed"]) for r in rs)
+        cmds = sorted({r["command"] for r in rs})
+        lines.append(f"| {label} | {impl} | {extras} | {seeds} | "
+                     f"{experiments.spread(pct([r['acc'] for r in rs]), unit=' %')} | "
+                     f"{experiments.spread(pct([r['acc_no_tta'] for r in rs]), unit=' %')} | "
+                     f"{experiments.spread([r['time_s'] for r in rs], '{:.1f}', ' s')} | "
+                     f"{statistics.mean(r['final_loss'] for r in rs):.3f} | {'<br>'.join(f'`{c}`' for c in cmds)} |")
+
+    def diff(first: list[dict], second: list[dict]) -> str:
+        """mean(first) - mean(second) ± standard error, with and without TTA."""
+        d = experiments.mean_diff
+        return "; ".join(f"{label} {d(pct(r[k] for r in second), pct(r[k] for r in first), unit=' pt')}"
+                         for label, k in (("with TTA", "acc"), ("without TTA", "acc_no_tta")))
+
+    pairs = []
+    for (s, impl, extras), rs in groups.items():
+        st = json.loads(s)
+        tag = f"{st['subset']:,} images, {st['epochs']} epochs"
+        if impl == "course" and (s, "port", extras) in groups:
+            pairs.append(f"- {tag}, extras {extras}, course - port: {diff(rs, groups[(s, 'port', extras)])}")
+        if extras != "on" and (s, impl, "on") in groups:
+            pairs.append(f"- {tag}, {impl}, extras on - {extras}: {diff(groups[(s, impl, 'on')], rs)}")
+    lines += ["", "Differences (mean of the first minus the second ± standard error):", "", *pairs]
+    commits = sorted({r["commit"] for r in rows})
+    lines += ["", f"Runs from {path} (commits {', '.join(commits)}), one at a time on this machine.", "",
+              FINDINGS, "", kept]
+    return experiments.write_report(out, "Recipe fidelity: the course against a port of airbench94, on a CPU",
+                                    lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--impl", choices=("course", "port"))
+    p.add_argument("--extras", choices=sorted(EXTRAS), default="on",
+                   help="off: no label smoothing, BN-bias LR x1, no lookahead (TTA is reported both ways)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--data", default=config.data_source(), help="JPEG folder (default: COURSE_DATA)")
+    p.add_argument("--subset", type=int, default=5000, help="training images (seeded subset of the 45,000)")
+    p.add_argument("--test-subset", type=int, default=None, help="test images (default: all 5,000)")
+    p.add_argument("--widths", type=int, nargs=3, default=(16, 32, 32))
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--epochs", type=float, default=speedrun.EPOCHS)
+    p.add_argument("--runs", type=Path, default=config.build_dir() / "fidelity" / "runs.jsonl")
+    p.add_argument("--report", action="store_true", help="write docs/results/fidelity-cpu.md from --runs and exit")
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "fidelity-cpu.md")
+    args = p.parse_args()
+    if args.report:
+        print(report(args.runs, args.out).read_text())
+        return 0
+    if args.impl is None:
+        p.error("--impl is required (or --report)")
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    dm = datamodule(args)
+    args.runs.parent.mkdir(parents=True, exist_ok=True)
+    command = "python scripts/fidelity_cpu.py " + " ".join(sys.argv[1:])
+    for seed in args.seeds:
+        start = time.perf_counter()
+        got = (run_course if args.impl == "course" else run_port)(dm, args, seed)
+        row = {"impl": args.impl, "extras": args.extras, "seed": seed, **got, "wall_s": time.perf_counter() - start,
+               "settings": settings(args), "train_images": len(dm.train_set), "test_images": len(dm.test_set),
+               "commit": commit(), "command": command, "hardware": config.hardware_label()}
+        with args.runs.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(f"{args.impl} extras {args.extras} seed {seed}: {got['acc']:.2%} with TTA, {got['acc_no_tta']:.2%} "
+              f"without, {got['time_s']:.1f} s ({row['wall_s']:.1f} s wall)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

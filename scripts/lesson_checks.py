@@ -1,0 +1,77 @@
+"""Part (d) of scripts/gpu_capstone.py: lessons 03-05's benchmark configurations (scripts/gpu_check.py's) and
+lesson 06's one-device row (course_lib.parallel's script path, as scripts/gpu_ddp_check.py's first row), one at a
+time while a time budget lasts, on a 15,000-image subset made from the capstone's decoded data.
+
+Writes docs/results/<gpu>.md (build/gpu_check-dryrun.md in a dry run) in gpu_check.py's layout."""
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import gpu_check
+import torch
+
+from course_lib import bench, config, experiments, parallel
+from course_lib.data import CIFAR10DataModule
+from course_lib.modules import ImageClassifierModule
+from course_lib.ondevice import DeviceCIFAR10DataModule
+
+ROOT = Path(__file__).resolve().parents[1]
+ORDER = ["ResNet-9 fp32", "ResNet-9 bf16-mixed", "ResNet-9 bf16 + compile + channels_last",
+         "small CNN, GPU-resident data", "small CNN, DataLoader 8 workers", "lesson 06", "ResNet-9 TF32",
+         "ResNet-9 16-mixed"]  # the target pairs of lessons 04, 05 and 03 first, the extra rows last
+
+
+def run(source: Path, deadline: float, dry: bool, info: dict, show=print) -> list[str]:
+    """Bench the configurations one at a time (in ORDER) while time.monotonic() is before deadline, rewriting the
+    results file after each; show(summary lines) after each too. Returns the summary lines."""
+    data = torch.load(source, weights_only=True)
+    keep = torch.randperm(len(data["labels"]), generator=torch.Generator().manual_seed(0))[:15_000]
+    subset = config.build_dir() / "capstone" / "cifar10-15k.pt"  # as gpu_check.py --make-subset from the folder
+    torch.save({"images": data["images"][keep].clone(), "labels": data["labels"][keep].clone(),
+                "classes": data["classes"]}, subset)
+    batch, steps, warmup = (32, 2, 1) if dry else (512, 50, 10)
+    cfgs = {c["name"]: c for c in gpu_check.configs(batch)}
+    names = ["small CNN, GPU-resident data", "ResNet-9 fp32", "lesson 06"] if dry else ORDER
+    out = (config.build_dir() / "gpu_check-dryrun.md" if dry
+           else ROOT / "docs" / "results" / f"{info['gpu'].replace(' ', '_')}.md")
+    rows, notes = [], []
+
+    def make(cfg):
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(cfg.get("tf32"))
+        dm_cls = DeviceCIFAR10DataModule if cfg.get("device_data") else CIFAR10DataModule
+        return ImageClassifierModule(**cfg["model"]), dm_cls(image_folder=str(subset), batch_size=batch,
+                                                             **cfg.get("data", {}))
+
+    for name in names:
+        need = 150 if "compile" in name else 60
+        if time.monotonic() + need > deadline:
+            notes.append(f"- {name}: not run, time budget spent (needs about {need} s)")
+            continue
+        try:
+            if name == "lesson 06":
+                with tempfile.TemporaryDirectory() as tmp:
+                    row = parallel.measure_script(1, Path(tmp) / "1.json", accelerator="cpu" if dry else "gpu",
+                                                  model="lenet" if dry else "resnet9", batch=batch if dry else 256,
+                                                  precision="32-true" if dry else config.choose_precision(),
+                                                  warmup=warmup, steps=steps, workers=0 if dry else 4,
+                                                  data=str(subset))
+                rows.append({**row, "name": "lesson 06: 1 device, DataLoader (gpu_ddp_check's first row)"})
+            else:
+                rows += bench.run_configs([cfgs[name]], make, steps=steps, warmup=warmup)
+        except Exception as err:  # noqa: BLE001
+            notes.append(f"- {name}: FAILED: {type(err).__name__}: {str(err)[-300:]}")
+        speed = {r["name"]: r["images_per_s"] for r in rows}
+        targets = [f"- lesson {lesson}: {n} / {base} = {speed[n] / speed[base]:.2f}x (target {need_x}x): "
+                   f"{'met' if speed[n] / speed[base] >= need_x else 'MISSED'}"
+                   for lesson, n, base, need_x in gpu_check.TARGETS if n in speed and base in speed]
+        lines = [f"Data: {subset} ({len(keep):,} images, gpu_check.py's subset); batch {batch}; {warmup} warm-up "
+                 f"+ {steps} timed steps per row, one run each; part (d) of scripts/gpu_capstone.py.", "",
+                 bench.table(bench.add_speedups(rows, rows[0]["name"])) if rows else "(no row yet)", "",
+                 "## Targets", "", *(targets or ["- none measured yet"]), *notes]
+        experiments.write_report(out, f"GPU check (lessons 03-06) on {config.hardware_label(info)}", lines, info)
+        summary = [f"Written to {out}:", "", *[f"- {r['name']}: {r['images_per_s']:,.0f} images/s" for r in rows],
+                   *targets, *notes]
+        show(summary)
+    return summary

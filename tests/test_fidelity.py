@@ -1,0 +1,183 @@
+"""The course's recipe is airbench94's: piece by piece against a port of airbench94 (scripts/airbench_port.py), and a
+whole training run on the same batches from the same initial weights. docs/results/fidelity-cpu.md compares the
+two statistically, with augmentation and at a larger size."""
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from course_lib import optim, speedrun
+from course_lib.data import load_image_folder, to_float
+from course_lib.models import AirNet, init_whitening
+from course_lib.speedrun import Recipe
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import airbench_port as ab  # noqa: E402
+
+SMALL = (8, 16, 16)
+
+
+@pytest.fixture(scope="module")
+def real(tiny_folder, session_data_root):
+    data = load_image_folder(tiny_folder / "train", session_data_root / "cache")
+    return data["images"], data["labels"]
+
+
+def course_state(port) -> dict:
+    """The port's state dict (or any dict of its names) under AirNet's names: 0 -> whiten, 2/3/4 -> groups.0/1/2,
+    7 -> head."""
+    rename = {"0": "whiten", "2": "groups.0", "3": "groups.1", "4": "groups.2", "7": "head"}
+    items = port.items() if isinstance(port, dict) else port.state_dict().items()
+    return {rename[k.split(".", 1)[0]] + "." + k.split(".", 1)[1]: v for k, v in items}
+
+
+def assert_same_state(net: AirNet, port: torch.nn.Module, skip=("whitened",), **tol) -> None:
+    mine, theirs = net.state_dict(), course_state(port)
+    assert set(mine) - set(skip) == set(theirs) - set(skip)
+    for k in set(theirs) - set(skip):
+        if tol:
+            torch.testing.assert_close(mine[k], theirs[k], msg=k, **tol)
+        else:
+            assert torch.equal(mine[k], theirs[k]), k
+
+
+def test_same_seed_same_initial_weights_and_layers():
+    """AirNet draws its initial weights exactly as airbench's make_net94 (bias of the whitening conv zero, dirac
+    filters, BatchNorm eps 1e-12 and momentum 0.4, scale 1 frozen), so one seed gives identical nets and logits."""
+    torch.manual_seed(0)
+    port = ab.make_net(SMALL)
+    torch.manual_seed(0)
+    net = AirNet(SMALL)
+    assert_same_state(net, port, skip=("whitened", "whiten.weight"))  # whitening filters: set from data later
+    for a, b in zip([m for m in net.modules() if isinstance(m, torch.nn.BatchNorm2d)],
+                    [m for m in port.modules() if isinstance(m, torch.nn.BatchNorm2d)]):
+        assert (a.eps, a.momentum, a.weight.requires_grad) == (b.eps, b.momentum, b.weight.requires_grad) == (
+            1e-12, 0.4, False)
+    trained = {k for k, p in net.named_parameters() if p.requires_grad}
+    assert trained == {k for k, p in course_state(dict(port.named_parameters())).items() if p.requires_grad}
+    net.whiten.weight.data.copy_(port[0].weight)  # airbench's Conv also dirac-inits its first 3 filters here
+    x = torch.randn(4, 3, 32, 32)
+    for train in (True, False):
+        net.train(train), port.train(train)
+        torch.testing.assert_close(net(x), port(x), rtol=1e-5, atol=1e-6)
+
+
+def test_whitening_filters_match_airbench(real):
+    """Uncentred patch covariance, largest eigenvalue first, scaled, +/- pairs: the same filters as airbench's up to
+    the sign eigh happens to give each pair (which swaps a filter with its negative); the bias is zero."""
+    images, _ = real
+    net, port = AirNet(SMALL), ab.make_net(SMALL)
+    init_whitening(net, images)
+    ab.init_whitening_conv(port[0], to_float(images))
+    mine, theirs = net.whiten.weight.flatten(1), port[0].weight.flatten(1)
+    sign = (mine[:12] * theirs[:12]).sum(1).sign()[:, None]
+    # airbench decomposes in fp32, the course in fp64: the filters of the smallest eigenvalues differ by up to ~1 %
+    torch.testing.assert_close(mine[:12], sign * theirs[:12], rtol=2e-2, atol=2e-3 * theirs.abs().max().item())
+    torch.testing.assert_close(mine[12:], -mine[:12])
+    assert torch.equal(net.whiten.bias, torch.zeros(24))
+
+
+@pytest.mark.parametrize("total", [7, 100, 189, 426])
+def test_schedule_is_airbench_triangle(total):
+    """lr_factor is airbench's triangle(total, start=0.2, end=0.07, peak=0.23) at every step."""
+    ours = torch.tensor([optim.lr_factor(s, total) for s in range(total + 1)])
+    torch.testing.assert_close(ours, ab.triangle(total, 0.2, 0.07, 0.23), rtol=1e-6, atol=1e-6)
+
+
+def test_epochs_and_hyperparameters_are_airbench94s():
+    """9.9 epochs -> ceil(steps x 9.9) steps; LR 1.5 and decay 1.996e-3 per mean loss are airbench's 11.5 and 0.0153
+    divided by Nesterov's gain at momentum 0.85; label smoothing, bias scale, warm-up and TTA as airbench."""
+    r, hyp = Recipe(), ab.HYP["opt"]
+    assert speedrun.total_steps(speedrun.EPOCHS, 48) == math.ceil(48 * 9.9) == 476
+    assert speedrun.total_steps(speedrun.EPOCHS, 43) == 426
+    gain = 1 + 1 / (1 - hyp["momentum"])
+    assert r.lr == pytest.approx(hyp["lr"] / gain) and r.weight_decay == pytest.approx(hyp["weight_decay"] / gain)
+    assert (r.momentum, r.label_smoothing, r.bias_scale, r.whiten_bias_epochs, r.batch_size, r.tta_level) == (
+        hyp["momentum"], hyp["label_smoothing"], hyp["bias_scaler"], hyp["whiten_bias_epochs"], hyp["batch_size"],
+        ab.HYP["net"]["tta_level"])
+    assert speedrun.EPOCHS == hyp["train_epochs"] and r.widths == ab.HYP["net"]["widths"]
+
+
+def test_lookahead_matches_airbench_over_the_state_dict():
+    """Lookahead pulls every float entry of the state dict (BatchNorm statistics included) as airbench's does."""
+    torch.manual_seed(0)
+    a, b = AirNet(SMALL), AirNet(SMALL)
+    b.load_state_dict(a.state_dict())
+    mine, theirs = optim.Lookahead(a), ab.LookaheadState(b)
+    for decay in (0.0, 0.3, 0.9, 1.0):
+        for net in (a, b):
+            torch.manual_seed(1)
+            net.train()(torch.randn(8, 3, 32, 32)).sum().backward()  # moves the BN running statistics
+            with torch.no_grad():
+                for p in net.parameters():
+                    p.add_(torch.randn_like(p) * 0.01)
+        mine.update(decay)
+        theirs.update(b, decay)
+        for (k, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+            torch.testing.assert_close(x, y, msg=k)
+    assert not torch.equal(a.groups[0].norm1.running_mean, torch.zeros(16))
+
+
+def test_tta_matches_airbench_weights(real):
+    """Level 2 TTA: 1/2 plain-and-mirror, 1/4 each 1-px reflect-padded shift with its mirror, as airbench's infer."""
+    images, _ = real
+    net = AirNet(SMALL).eval()
+    init_whitening(net, images)
+    theirs = ab.infer(net, ab.Loader(images[:16], None, 16, train=False), tta_level=2)
+    torch.testing.assert_close(speedrun.tta_logits(net, to_float(images[:16]), 2), theirs, rtol=1e-5, atol=1e-5)
+
+
+class Replay(ab.Loader):
+    """Recorded batches, epoch after epoch, for the port; the same list serves the course's twin."""
+
+    def __init__(self, images, labels, batches):
+        super().__init__(images, labels, len(batches[0][0][1]))
+        self.recorded = batches
+
+    def __iter__(self):
+        epoch, self.epoch = self.epoch, self.epoch + 1
+        return iter(self.recorded[epoch])
+
+
+class TwinReplay:
+    """The same batches in DeviceBatches' shape for speedrun.train_twin."""
+
+    def __init__(self, images, batches):
+        self.images, self.recorded, self.epoch = images, batches, 0
+        self.batch_size = len(batches[0][0][1])
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __len__(self):
+        return len(self.recorded[0])
+
+    def __iter__(self):
+        return iter(self.recorded[self.epoch])
+
+
+def test_training_matches_airbench_step_for_step(real):
+    """Same batches, same initial weights and whitening: the course's twin (mean loss, LR 1.5 per 1024, decay as the
+    shrink per step, BN biases at 64x, whitening bias trained from zero then frozen, a fractional last epoch) and
+    the port (summed loss, airbench's decoupled LR and decay) give the same loss at every step and the same net."""
+    images, labels = real[0][:48], real[1][:48]
+    g = torch.Generator().manual_seed(0)
+    x = to_float(images)
+    batches = [[(x[i], labels[i]) for i in torch.randperm(48, generator=g).split(12)] for _ in range(3)]
+    epochs, common = 2.5, dict(whiten_bias_epochs=1)  # 10 steps, the bias frozen after epoch 0
+    torch.manual_seed(0)
+    port = ab.train(Replay(images, labels, batches), ab.Loader(images, labels, 48, train=False), epochs, SMALL,
+                    lookahead=False, **common)
+    torch.manual_seed(0)
+    net = AirNet(SMALL)
+    filters = ab.make_net(SMALL)[0]
+    ab.init_whitening_conv(filters, to_float(images))  # airbench's filters (its signs), so the nets start equal
+    net.whiten.weight.data.copy_(filters.weight)
+    net.whitened.fill_(True)
+    twin = speedrun.train_twin(net, TwinReplay(images, batches), epochs,
+                               Recipe(SMALL, batch_size=12, lookahead_every=0, **common), "32-true")
+    assert len(twin["losses"]) == len(port["losses"]) == 10 and port["losses"].std() > 1e-3
+    torch.testing.assert_close(twin["losses"], port["losses"], rtol=1e-4, atol=1e-5)
+    assert_same_state(net, port["model"], rtol=1e-4, atol=1e-5)
