@@ -12,7 +12,7 @@ from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from . import config
+from . import config, runs
 from .models import WIDTHS, AirNet, init_whitening
 from .modules import ClassifierSystem
 from .ondevice import DeviceBatches
@@ -174,10 +174,7 @@ def make_trainer(epochs: float, precision: str | None = None, steps_per_epoch: i
         raise ValueError(f"epochs={epochs} is fractional: pass steps_per_epoch=len(<training batches>) so the Trainer "
                          f"can stop after ceil(epochs x steps_per_epoch) steps.")
     steps = total_steps(epochs, steps_per_epoch) if steps_per_epoch else -1
-    opts = dict(max_epochs=math.ceil(epochs), max_steps=steps, accelerator="auto", devices=1, logger=False,
-                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                limit_val_batches=0, num_sanity_val_steps=0)
-    return L.Trainer(precision=config.choose_precision(precision), **{**opts, **kwargs})
+    return runs.trainer(None, precision, timing=True, **{"max_epochs": math.ceil(epochs), "max_steps": steps, **kwargs})
 
 
 def train_twin(net: AirNet, batches: DeviceBatches, epochs: float, recipe: Recipe = Recipe(),
