@@ -161,6 +161,27 @@ def add_speedups(rows: list[dict], baseline: str) -> list[dict]:
     return [{**r, "speedup": r["images_per_s"] / base["images_per_s"]} for r in rows]
 
 
+def saved_bytes_peak(step: Callable[[], object]) -> int:
+    """Peak bytes of tensors autograd holds for backward while step() runs (saved_tensors_hooks; counted per save)."""
+    live, peak = [0], [0]
+
+    class _Held:
+        """One saved tensor; its bytes leave the count when autograd frees it."""
+        __slots__ = ("t", "n")
+
+        def __init__(self, t):
+            self.t, self.n = t, t.numel() * t.element_size()
+            live[0] += self.n
+            peak[0] = max(peak[0], live[0])
+
+        def __del__(self):
+            live[0] -= self.n
+
+    with torch.autograd.graph.saved_tensors_hooks(_Held, lambda held: held.t):
+        step()
+    return peak[0]
+
+
 def table(rows: list[dict], fields: list[str] | None = None) -> str:
     """A markdown table of result rows (the given fields, default FIELDS), with the hardware and size under it."""
     cols = fields or [c for c in FIELDS + ["speedup", "repeats"] if c in rows[0]]

@@ -24,6 +24,7 @@ from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
     get_default_x86_inductor_quantization_config,
 )
 
+from .models import top1_accuracy
 from .timing import time_calls
 
 #: the batch dimension stays symbolic in every exported graph, so one program serves batch 1 and batch 64
@@ -221,11 +222,10 @@ def latency_ms(model, batch: int, warmup: int = 2, repeats: int = 20, shape=(3, 
 @torch.no_grad()
 def accuracy(model, loader) -> float:
     """Top-1 accuracy over a loader of (images, labels) batches, on the CPU."""
-    correct = seen = 0
+    acc = top1_accuracy()
     for x, y in loader:
-        correct += int((model(x).argmax(dim=1) == y).sum())
-        seen += len(y)
-    return correct / seen
+        acc.update(model(x), y)
+    return acc.compute().item()
 
 
 def cpu_flags() -> dict[str, bool]:

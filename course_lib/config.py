@@ -49,6 +49,8 @@ SIZES = {
 # Lessons whose work does not fit the common size: (lesson, size, "cpu" or "gpu") -> what differs. On a CPU, full
 # sizes are chosen so each lesson finishes in about 10 minutes on 2 cores; on a GPU, full is the real thing.
 LESSON_SCALES = {
+    ("04_mixed_precision", "smoke", "cpu"): dict(width=0.25),  # ResNet-9 at 16 channels
+    ("04_mixed_precision", "full", "cpu"): dict(train_subset=10_000, width=0.25),  # 16 channels, 10,000 images
     ("07_quantization", "smoke", "cpu"): dict(width=0.25),  # ResNet-9 at 16 channels
     ("07_quantization", "smoke", "gpu"): dict(width=0.25),
     ("07_quantization", "full", "cpu"): dict(train_subset=4_096, eval_subset=2_000, width=0.25),  # 16 channels
@@ -56,13 +58,23 @@ LESSON_SCALES = {
     ("08_capstone", "smoke", "gpu"): dict(train_subset=256, eval_subset=256, epochs=2, width=1 / 8, batch_size=64),
     ("08_capstone", "full", "cpu"): dict(train_subset=5_000, epochs=10, width=1 / 4, batch_size=256),
     ("08_capstone", "full", "gpu"): dict(epochs=10, batch_size=1024),  # airbench94's schedule on all the data
+    # the GPU scripts' benchmark rows (lessons 03-05 and 06); on a CPU, or at smoke size, they are dry runs
+    ("gpu_check", "smoke", "cpu"): dict(bench_steps=2, batch_size=32),
+    ("gpu_check", "smoke", "gpu"): dict(bench_steps=2, batch_size=32),
+    ("gpu_check", "full", "cpu"): dict(bench_steps=10, batch_size=64),
+    ("gpu_check", "full", "gpu"): dict(bench_steps=50, batch_size=512),
+    ("gpu_ddp_check", "smoke", "cpu"): dict(bench_steps=2, batch_size=32),
+    ("gpu_ddp_check", "smoke", "gpu"): dict(bench_steps=2, batch_size=32),
+    ("gpu_ddp_check", "full", "cpu"): dict(bench_steps=10, batch_size=64),
+    ("gpu_ddp_check", "full", "gpu"): dict(bench_steps=50, batch_size=256),  # per process
 }
 
 
-def run_size(lesson: str | None = None, gpu: bool | None = None) -> RunSize:
+def run_size(lesson: str | None = None, gpu: bool | None = None, size: str | None = None) -> RunSize:
     """The run size from the switch (env COURSE_SIZE, default full), the only place it is read; for a lesson, with
-    that lesson's scale on this kind of device (gpu: None asks the hardware) from LESSON_SCALES."""
-    name = os.environ.get(SIZE_ENV, "full").strip().lower()
+    that lesson's scale on this kind of device (gpu: None asks the hardware) from LESSON_SCALES. size names a size
+    instead of the switch (a script's --dry-run asks for "smoke")."""
+    name = (size or os.environ.get(SIZE_ENV, "full")).strip().lower()
     if name not in SIZES:
         raise ValueError(f"{SIZE_ENV}={name!r} is not a run size; set {SIZE_ENV} to one of {sorted(SIZES)}.")
     if lesson is None:

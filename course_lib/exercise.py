@@ -103,30 +103,7 @@ def check_07_inference(serve, target: float = 1.5, min_agreement: float = 0.9) -
     return bool(passed and agree >= min_agreement)
 
 
-# --- lessons 04 and 05 (issue 11): memory for speed, fusion ---------------------------------------------------------
-
-def saved_bytes_peak(step: Callable[[], object]) -> int:
-    """Peak bytes of tensors autograd holds for backward while step() runs (saved_tensors_hooks; counted per save)."""
-    import torch
-
-    live, peak = [0], [0]
-
-    class _Held:
-        """One saved tensor; its bytes leave the count when autograd frees it."""
-        __slots__ = ("t", "n")
-
-        def __init__(self, t):
-            self.t, self.n = t, t.numel() * t.element_size()
-            live[0] += self.n
-            peak[0] = max(peak[0], live[0])
-
-        def __del__(self):
-            live[0] -= self.n
-
-    with torch.autograd.graph.saved_tensors_hooks(_Held, lambda held: held.t):
-        step()
-    return peak[0]
-
+# --- lessons 04 and 05: memory for speed, fusion ---------------------------------------------------------
 
 def plain_train_step(net, x, y) -> None:
     """The starter of lesson 04's exercise: one forward and backward over the whole batch."""
@@ -143,7 +120,7 @@ def check_04_activation_memory(train_step: Callable, batch_size: int | None = No
 
     import torch
 
-    from . import config, models
+    from . import bench, config, models
 
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
@@ -166,7 +143,7 @@ def check_04_activation_memory(train_step: Callable, batch_size: int | None = No
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
-        held = saved_bytes_peak(lambda: steps[side](nets[side], x, y))
+        held = bench.saved_bytes_peak(lambda: steps[side](nets[side], x, y))
         if cuda:
             torch.cuda.synchronize()
             peak_mb[side] = torch.cuda.max_memory_allocated() / 2**20
@@ -236,7 +213,7 @@ def check_05_fusion(fn: Callable, target: float = 2.0) -> bool:
                        what="time", hardware=config.hardware_label())
 
 
-# --- lessons 01 and 02 (issue 11) ---------------------------------------------------------------------------------
+# --- lesson 01: the loop ---------------------------------------------------------------------------------
 _01_DM: dict = {}
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .models import top1_accuracy
 from .optim import make_optimizer
 from .timing import DeviceTimer
 
@@ -16,7 +17,7 @@ def train_plain(model: nn.Module, loader, epochs: int, device: str = "cpu", labe
     criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
     history = []
     for epoch in range(epochs):
-        total_loss, correct, seen = torch.zeros((), device=device), torch.zeros((), device=device), 0
+        total_loss, acc, seen = torch.zeros((), device=device), top1_accuracy().to(device), 0
         timer = DeviceTimer(device)  # CUDA events on a GPU: one synchronize per epoch, when it is read
         start = timer.mark()
         for x, y in loader:
@@ -29,10 +30,10 @@ def train_plain(model: nn.Module, loader, epochs: int, device: str = "cpu", labe
             if sched is not None:
                 sched.step()
             total_loss += loss.detach() * len(y)  # sums stay on the device: no host sync per step
-            correct += (logits.detach().argmax(dim=1) == y).sum()
+            acc.update(logits.detach(), y)
             seen += len(y)
         seconds = timer.seconds(start, timer.mark())
-        history.append({"epoch": epoch, "loss": (total_loss / seen).item(), "acc": (correct / seen).item(),
+        history.append({"epoch": epoch, "loss": (total_loss / seen).item(), "acc": acc.compute().item(),
                         "seconds": seconds, "images_per_s": seen / seconds})
     return history
 

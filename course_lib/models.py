@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torchmetrics.classification import MulticlassAccuracy
 
 from .data import to_float
 
@@ -155,6 +156,11 @@ def build_model(name: str, **kwargs) -> nn.Module:
     if name not in MODELS:
         raise ValueError(f"Unknown model {name!r}; choose one of {sorted(MODELS)}.")
     return MODELS[name](**kwargs)
+
+
+def top1_accuracy(num_classes: int = 10) -> MulticlassAccuracy:
+    """The course's one accuracy metric: top-1 over all samples (micro), accumulated on the metric's device."""
+    return MulticlassAccuracy(num_classes, average="micro", validate_args=False)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -5,9 +5,8 @@ import lightning as L
 import torch
 from torch import nn
 from torchmetrics import MeanMetric
-from torchmetrics.classification import MulticlassAccuracy
 
-from .models import build_model
+from .models import build_model, top1_accuracy
 from .optim import make_optimizer
 
 STAGES = ("train", "val", "test")
@@ -29,7 +28,7 @@ class ClassifierSystem(L.LightningModule):
         self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
         # one metric pair per stage, so running states never mix; both accumulate on the device without syncing
         for stage in STAGES:
-            setattr(self, f"{stage}_acc", MulticlassAccuracy(num_classes, average="micro", validate_args=False))
+            setattr(self, f"{stage}_acc", top1_accuracy(num_classes))
             setattr(self, f"{stage}_loss", MeanMetric(nan_strategy="disable"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 3, H, W) -> (B, classes)

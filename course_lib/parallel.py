@@ -1,13 +1,8 @@
-"""Lesson 06 helpers: hand-made DDP against one process, multi-process throughput, fork safety.
-`python -m course_lib.parallel --devices N --out row.json` is the script path."""
+"""Lesson 06's data parallelism by hand: DDP and hand-written all-reduces in forked gloo processes, against one
+process on the full batches, and whether forking is safe here (throughput on N devices: scaling.py)."""
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -15,13 +10,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from lightning.fabric.accelerators.cuda import num_cuda_devices
 from torch import nn
 
-from . import config, runs
-from .bench import BenchCallback
 from .models import build_model
-from .modules import ImageClassifierModule
 
 
 def toy_data(steps: int, batch: int, model: str = "toy", seed: int = 0):
@@ -141,74 +132,9 @@ def allreduce_train(averages: dict, world: int = 2, steps: int = 5, batch: int =
         return torch.load(out, weights_only=True)
 
 
-class DDPBenchCallback(BenchCallback):
-    """BenchCallback whose rank 0 writes the all-process result to a JSON file (forked workers return no objects)."""
-
-    def __init__(self, warmup: int, steps: int, out: str | Path):
-        super().__init__(warmup, steps)
-        self.out = Path(out)
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        if not trainer.is_global_zero:
-            return
-        dev, world = pl_module.device, trainer.world_size
-        peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else self.peak_rss
-        # all ranks step in lock-step (the all-reduce waits for the slowest), so the total is rank 0's rate x world
-        self.out.write_text(json.dumps({
-            "images_per_s": self.throughput.compute()["device/samples_per_sec"] * world,
-            "step_ms": 1e3 * statistics.median(self.step_s), "peak_mem_mb": peak / 2**20,
-            "data_wait": sum(self.wait_s) / (sum(self.wait_s) + sum(self.step_s)), "warmup_s": self.warmup_s,
-            "steps": len(self.step_s), "batch_size": self.batch_size * world, "device": dev.type,
-            "processes": world}))
-
-
-def measure(make, devices: int, accelerator: str = "cpu", strategy: str = "auto", warmup: int = 3, steps: int = 10,
-            precision: str = "32-true", name: str | None = None) -> dict | None:
-    """Train `make()` -> (module, datamodule) on `devices` processes; the result row on rank 0, None elsewhere."""
-    module, dm = make()
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "row.json"
-        runs.trainer(None, precision, timing=True, max_epochs=None, max_steps=warmup + steps,
-                     accelerator=accelerator, devices=devices, strategy=strategy,
-                     callbacks=[DDPBenchCallback(warmup, steps, out)]).fit(module, datamodule=dm)
-        row = json.loads(out.read_text()) if out.exists() else None
-    return row and {"name": name or f"{devices} x {accelerator}", **row, "precision": precision}
-
-
-def measure_script(devices: int, out: str | Path, timeout: float = 900, **opts) -> dict:
-    """`measure` through the script path: `python -m course_lib.parallel` with strategy ddp, in fresh processes."""
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in opts.items() if v is not None and v is not False]
-    cmd = [sys.executable, "-m", "course_lib.parallel", f"--devices={devices}", f"--out={out}", *flags]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=config.child_env())
-    if res.returncode:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}")
-    return json.loads(Path(out).read_text())
-
-
 def fork_status() -> tuple[bool, str]:
     """Whether ddp_notebook may fork workers here: a forked process cannot use a CUDA context it inherits."""
     if torch.cuda.is_initialized():
         return False, ("CUDA is initialised in this process and forked workers cannot use an inherited CUDA context: "
                        "restart the kernel and start DDP before anything touches the GPU, or use the script path.")
     return True, "no CUDA context in this process yet: ddp_notebook can fork its workers"
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="DDP training throughput on N devices; rank 0 writes the row to --out.")
-    for flag, kind, default in [("devices", int, 1), ("accelerator", str, "gpu" if num_cuda_devices() else "cpu"),
-                                ("model", str, "resnet9"), ("batch", int, 64), ("precision", str, "32-true"),
-                                ("warmup", int, 3), ("steps", int, 10), ("workers", int, 0), ("data", str, None)]:
-        p.add_argument(f"--{flag}", type=kind, default=default)
-    p.add_argument("--out", required=True)
-    a = p.parse_args(argv)
-    config.check_devices(a.accelerator, a.devices)
-    make = lambda: (ImageClassifierModule(a.model), runs.datamodule(  # noqa: E731  (per-process batch size)
-        image_folder=a.data or config.data_source(), batch_size=a.batch,
-        num_workers=a.workers, persistent_workers=a.workers > 0, pin_memory=a.accelerator != "cpu"))
-    row = measure(make, a.devices, a.accelerator, "ddp" if a.devices > 1 else "auto", a.warmup, a.steps, a.precision)
-    if row:
-        Path(a.out).write_text(json.dumps(row))
-
-
-if __name__ == "__main__":
-    main()

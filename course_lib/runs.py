@@ -62,11 +62,14 @@ UNACTIONABLE = (r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",
 
 def quiet_lightning() -> None:
     """Lessons and scripts call this once: Lightning's tips (litlogger, litmodels) and per-Trainer device banners
-    off, torch's 'No CUDA runtime' build notice and the profiler's C++ notices off, and the UNACTIONABLE warnings
-    hidden; real warnings stay."""
+    off, torch's 'No CUDA runtime' build notice, torchao's import notice and the profiler's C++ log lines off, and
+    the UNACTIONABLE warnings hidden; real warnings stay."""
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-    os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # the profiler's C++ notices (e.g. no GPU found) off
+    # torchao 0.18 registers Enum constants the way torch 2.14 deprecates (a notice at import, nothing to act on)
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    # the profiler's C++ log lines (no GPU found, USDT start/stop marks): 6 is above every level kineto prints at
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     for message in UNACTIONABLE:
         warnings.filterwarnings("ignore", message=message)
     # torch 2.14's own int8 lowering copies a tensor the way it warns users not to; nothing in course code does

@@ -10,10 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torchmetrics import MeanMetric
-from torchmetrics.classification import MulticlassAccuracy
 
 from . import config, runs
-from .models import WIDTHS, AirNet, init_whitening
+from .models import WIDTHS, AirNet, init_whitening, top1_accuracy
 from .modules import ClassifierSystem
 from .ondevice import DeviceBatches
 from .optim import Lookahead, lookahead_decay, make_speedrun_optimizer
@@ -80,13 +79,13 @@ def evaluate_tta(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, l
     """Accuracy of model on uint8 images (N, 3, H, W) with test-time augmentation; one host sync at the end."""
     if level not in (0, 1, 2):
         raise ValueError(f"TTA level must be 0 (none), 1 (mirror) or 2 (mirror + shifts), got {level}.")
-    was_training, correct = model.training, torch.zeros((), device=images.device)
+    was_training, acc = model.training, top1_accuracy().to(images.device)
     model.eval()
     with torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=bf16):
         for x, y in DeviceBatches(images, labels, batch_size):
-            correct += (tta_logits(model, x, level).argmax(1) == y).sum()
+            acc.update(tta_logits(model, x, level), y)
     model.train(was_training)
-    return correct.item() / len(labels)
+    return acc.compute().item()
 
 
 class SpeedrunModule(ClassifierSystem):
@@ -202,7 +201,7 @@ def train_twin(net: AirNet, batches: DeviceBatches, epochs: float, recipe: Recip
     opt, sched = make_speedrun_optimizer(net, total, r.batch_size, r.lr, r.momentum, r.weight_decay, r.bias_scale,
                                          r.warmup)
     criterion = nn.CrossEntropyLoss(label_smoothing=r.label_smoothing)
-    acc, mean_loss = MulticlassAccuracy(10, average="micro", validate_args=False).to(device), MeanMetric().to(device)
+    acc, mean_loss = top1_accuracy().to(device), MeanMetric().to(device)
     lookahead, timer = (Lookahead(net) if r.lookahead_every else None), DeviceTimer(device)
     losses, marks, step = [], [], 0
     for epoch in range(math.ceil(epochs)):

@@ -18,7 +18,7 @@ Order, most important first; the results file is rewritten after every run, so a
       rules: trainer.fit (whitening + training) plus trainer.test (TTA), after an untimed warm-up (compilation);
   (c) the plain-PyTorch twin (experiments.compare_twin) per seed, same timing, after its own warm-up;
   (d) while --budget lasts: scripts/gpu_check.py's lesson 03-05 configurations (target pairs first), then lesson
-      06's one-device row (course_lib.parallel, as scripts/gpu_ddp_check.py measures it).
+      06's one-device row (course_lib.scaling, as scripts/gpu_ddp_check.py measures it).
 All parts use one split: 45,000 training / 5,000 test images carved with seed 0 from the 50,000 training JPEGs (no
 validation). airbench's own benchmark trains on 50,000 and tests on the official 10,000, so its published figures
 (94.01 %, 3.83 s on an A100) are not comparable to these; the ratios here are like for like.
@@ -219,7 +219,8 @@ def main() -> int:
     p.add_argument("--seeds", type=int, default=5, help="timed runs per part")
     p.add_argument("--epochs", type=float, default=speedrun.EPOCHS)
     p.add_argument("--budget", type=float, default=540, help="seconds for the whole script; (d) uses what is left")
-    p.add_argument("--dry-run", action="store_true", help="tiny sizes (the default without a GPU)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="smoke sizes (default without a GPU or at COURSE_SIZE=smoke)")
     args = p.parse_args()
     if args.make_data:
         make_data(Path(args.data or config.data_source() or config.shared_data_folder()) / "train", args.make_data)
@@ -230,7 +231,7 @@ def main() -> int:
     deadline = t0 + args.budget
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)  # no per-run banner
     gpu = torch.cuda.is_available()
-    dry = args.dry_run or not gpu
+    dry = args.dry_run or not gpu or config.run_size().name == "smoke"
     source = Path(args.data or config.data_source() or config.shared_data_folder())
     if source.is_dir():  # a JPEG folder: pack it, as --make-data does, then use the pack
         pack = config.build_dir() / "capstone" / "pack.pt"
@@ -239,9 +240,11 @@ def main() -> int:
     if "jpeg" in torch.load(source, weights_only=True, mmap=True):
         decoded = f"cifar10-train-{source.stat().st_size}.pt"  # named by the pack's size: a new pack decodes anew
         source = decode_pack(source, config.build_dir() / "capstone" / decoded)
-    widths, batch, subset, eval_subset = ((tuple(w // 8 for w in models.WIDTHS), 64, 256, 256) if dry
-                                          else (models.WIDTHS, 1024, None, None))
-    epochs, args.seeds_list = (1.5, [0, 1]) if dry else (args.epochs, list(range(args.seeds)))
+    size = config.run_size("08_capstone", gpu=not dry, size="smoke" if dry else None)  # lesson 08's scale
+    widths = tuple(round(w * size.width) for w in models.WIDTHS)
+    batch, subset, eval_subset = size.batch_size, size.train_subset, size.eval_subset
+    # the dry run trains a fractional number of epochs, as airbench94's 9.9 does, so that path runs too
+    epochs, args.seeds_list = (size.epochs - 0.5, [0, 1]) if dry else (args.epochs, list(range(args.seeds)))
     precision = config.choose_precision()  # the course's policy: bf16 where native
     torch.backends.cudnn.benchmark = gpu
     start = time.perf_counter()

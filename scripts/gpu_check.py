@@ -16,10 +16,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout: no install needed (GPU machine)
 
-from course_lib import bench, config
-from course_lib.data import CIFAR10DataModule, load_image_folder
+from course_lib import bench, config, runs
+from course_lib.data import load_image_folder
 from course_lib.modules import ImageClassifierModule
-from course_lib.ondevice import DeviceCIFAR10DataModule
 
 TARGETS = [  # (lesson, config, baseline, required speedup): the issue's targets for an H100/H200-class GPU
     ("03", "small CNN, GPU-resident data", "small CNN, DataLoader 8 workers", 1.5),
@@ -36,6 +35,11 @@ def make_subset(out: Path, n: int) -> None:
     torch.save({"images": data["images"][keep].clone(), "labels": data["labels"][keep].clone(),
                 "classes": data["classes"]}, out)
     print(f"wrote {n} images to {out} ({out.stat().st_size / 2**20:.0f} MiB)")
+
+
+def warmup_steps(size: config.RunSize) -> int:
+    """Untimed steps before a row's timed ones: a fifth of them, at least one (allocation, cuDNN's search)."""
+    return max(1, size.bench_steps // 5)
 
 
 def configs(batch: int) -> list[dict]:
@@ -60,9 +64,10 @@ def main() -> int:
     p.add_argument("--data", help="image folder or .pt file from --make-subset (default: COURSE_DATA)")
     p.add_argument("--make-subset", type=Path, help="write a compact subset file here and exit")
     p.add_argument("--subset-size", type=int, default=15000)
-    p.add_argument("--batch", type=int, default=512)
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--warmup", type=int, default=10)
+    size = config.run_size("gpu_check")  # COURSE_SIZE, scaled for this device in config.LESSON_SCALES
+    p.add_argument("--batch", type=int, default=size.batch_size)
+    p.add_argument("--steps", type=int, default=size.bench_steps)
+    p.add_argument("--warmup", type=int, default=warmup_steps(size))
     args = p.parse_args()
     if args.make_subset:
         make_subset(args.make_subset, args.subset_size)
@@ -71,8 +76,8 @@ def main() -> int:
 
     def make(cfg):
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(cfg.get("tf32"))
-        dm_cls = DeviceCIFAR10DataModule if cfg.get("device_data") else CIFAR10DataModule
-        dm = dm_cls(image_folder=source, batch_size=args.batch, **cfg.get("data", {}))
+        dm = runs.datamodule("gpu_check", kind="device" if cfg.get("device_data") else "loader",
+                             image_folder=source, batch_size=args.batch, **cfg.get("data", {}))
         return ImageClassifierModule(**cfg["model"]), dm
 
     start = time.perf_counter()

@@ -3,7 +3,7 @@
     python scripts/gpu_ddp_check.py --data data/carry/cifar10-15k.pt   # on a GPU machine (about 1 minute per GPU)
     python scripts/gpu_ddp_check.py                                    # no GPU: a dry run on 1 and 2 CPU processes
 
-Every measurement runs in fresh processes (`python -m course_lib.parallel`, strategy ddp), as a cluster job would.
+Every measurement runs in fresh processes (`python -m course_lib.scaling`, strategy ddp), as a cluster job would.
 Writes docs/results/<gpu>-ddp.md, or build/gpu_ddp_check-dryrun.md without a GPU (docs/ holds GPU figures only).
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout: no install needed (GPU machine)
 
-from course_lib import bench, config, parallel
+from course_lib import bench, config, scaling
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,15 +34,15 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="image folder or .pt file (default: COURSE_DATA)")
     p.add_argument("--model", help="backbone (default: resnet9 on GPUs, lenet on the CPU)")
-    p.add_argument("--batch", type=int, help="per process (default: 256 on GPUs, 64 on the CPU)")
-    p.add_argument("--steps", type=int, default=None, help="timed steps (default: 50 on GPUs, 10 on the CPU)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed steps (default: 10 on GPUs, 3 on the CPU)")
+    size = config.run_size("gpu_ddp_check")  # COURSE_SIZE, scaled for this device in config.LESSON_SCALES
+    p.add_argument("--batch", type=int, default=size.batch_size, help="images per process")
+    p.add_argument("--steps", type=int, default=size.bench_steps, help="timed steps")
+    p.add_argument("--warmup", type=int, default=max(1, size.bench_steps // 5), help="untimed steps")
     args = p.parse_args()
-    n_gpus = parallel.num_cuda_devices()
+    n_gpus = scaling.num_cuda_devices()
     gpu = n_gpus > 0
     accel, counts = ("gpu", list(range(1, n_gpus + 1))) if gpu else ("cpu", [1, 2])
-    model, batch = args.model or ("resnet9" if gpu else "lenet"), args.batch or (256 if gpu else 64)
-    steps, warmup = args.steps or (50 if gpu else 10), args.warmup or (10 if gpu else 3)
+    model, batch, steps, warmup = args.model or ("resnet9" if gpu else "lenet"), args.batch, args.steps, args.warmup
     precision = config.choose_precision() if gpu else "32-true"
     data = args.data or config.data_source()
     out = config.build_dir() / "gpu_ddp_check"
@@ -53,7 +53,7 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for k in counts:
-            row = parallel.measure_script(k, Path(tmp) / f"{k}.json", accelerator=accel, model=model, batch=batch,
+            row = scaling.measure_script(k, Path(tmp) / f"{k}.json", accelerator=accel, model=model, batch=batch,
                                           precision=precision, warmup=warmup, steps=steps,
                                           workers=4 if gpu else 0, data=data)
             label = f"{k} GPU{'s' if k > 1 else ''}" if gpu else f"{k} CPU process{'es' if k > 1 else ''}"

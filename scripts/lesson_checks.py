@@ -1,5 +1,5 @@
 """Part (d) of scripts/gpu_capstone.py: lessons 03-05's benchmark configurations (scripts/gpu_check.py's) and
-lesson 06's one-device row (course_lib.parallel's script path, as scripts/gpu_ddp_check.py's first row), one at a
+lesson 06's one-device row (course_lib.scaling's script path, as scripts/gpu_ddp_check.py's first row), one at a
 time while a time budget lasts, on a 15,000-image subset made from the capstone's decoded data.
 
 Writes docs/results/<gpu>.md (build/gpu_check-dryrun.md in a dry run) in gpu_check.py's layout."""
@@ -12,10 +12,8 @@ from pathlib import Path
 import gpu_check
 import torch
 
-from course_lib import bench, config, experiments, parallel
-from course_lib.data import CIFAR10DataModule
+from course_lib import bench, config, experiments, runs, scaling
 from course_lib.modules import ImageClassifierModule
-from course_lib.ondevice import DeviceCIFAR10DataModule
 
 ROOT = Path(__file__).resolve().parents[1]
 ORDER = ["ResNet-9 fp32", "ResNet-9 bf16-mixed", "ResNet-9 bf16 + compile + channels_last",
@@ -31,7 +29,9 @@ def run(source: Path, deadline: float, dry: bool, info: dict, show=print) -> lis
     subset = config.build_dir() / "capstone" / "cifar10-15k.pt"  # as gpu_check.py --make-subset from the folder
     torch.save({"images": data["images"][keep].clone(), "labels": data["labels"][keep].clone(),
                 "classes": data["classes"]}, subset)
-    batch, steps, warmup = (32, 2, 1) if dry else (512, 50, 10)
+    size = config.run_size("gpu_check", gpu=not dry, size="smoke" if dry else None)
+    batch, steps, warmup = size.batch_size, size.bench_steps, gpu_check.warmup_steps(size)
+    ddp_size = config.run_size("gpu_ddp_check", gpu=not dry, size="smoke" if dry else None)  # per process
     cfgs = {c["name"]: c for c in gpu_check.configs(batch)}
     names = ["small CNN, GPU-resident data", "ResNet-9 fp32", "lesson 06"] if dry else ORDER
     out = (config.build_dir() / "gpu_check-dryrun.md" if dry
@@ -40,9 +40,9 @@ def run(source: Path, deadline: float, dry: bool, info: dict, show=print) -> lis
 
     def make(cfg):
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(cfg.get("tf32"))
-        dm_cls = DeviceCIFAR10DataModule if cfg.get("device_data") else CIFAR10DataModule
-        return ImageClassifierModule(**cfg["model"]), dm_cls(image_folder=str(subset), batch_size=batch,
-                                                             **cfg.get("data", {}))
+        return ImageClassifierModule(**cfg["model"]), runs.datamodule(
+            "gpu_check", kind="device" if cfg.get("device_data") else "loader", image_folder=str(subset),
+            batch_size=batch, **cfg.get("data", {}))
 
     for name in names:
         need = 150 if "compile" in name else 60
@@ -52,8 +52,8 @@ def run(source: Path, deadline: float, dry: bool, info: dict, show=print) -> lis
         try:
             if name == "lesson 06":
                 with tempfile.TemporaryDirectory() as tmp:
-                    row = parallel.measure_script(1, Path(tmp) / "1.json", accelerator="cpu" if dry else "gpu",
-                                                  model="lenet" if dry else "resnet9", batch=batch if dry else 256,
+                    row = scaling.measure_script(1, Path(tmp) / "1.json", accelerator="cpu" if dry else "gpu",
+                                                  model="lenet" if dry else "resnet9", batch=ddp_size.batch_size,
                                                   precision="32-true" if dry else config.choose_precision(),
                                                   warmup=warmup, steps=steps, workers=0 if dry else 4,
                                                   data=str(subset))

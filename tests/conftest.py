@@ -33,18 +33,18 @@ class DataUnavailable(RuntimeError):
     """Neither an image folder nor a download gives the tests real CIFAR-10 images."""
 
 
-def locate_cifar_folder(source: str | None, shared: Path, data_root: Path, mirror_url: str | None = None) -> Path:
-    """The CIFAR-10 JPEG folder for the tests: COURSE_DATA, else the shared folder, else one made from a download.
+def locate_cifar_folder(source: str | None, data_root: Path, mirror_url: str | None = None) -> Path:
+    """The CIFAR-10 JPEG folder for the tests: `source` (config.data_source(): COURSE_DATA, else the shared folder),
+    or, where it is None, one made from a download.
 
     The download branch fetches CIFAR-10 with torchvision's checked download into data_root once and writes its
     50,000 training images as <data_root>/cifar10-jpeg/train/<class>/*.jpg; later runs reuse that folder."""
     if source:
         if not (Path(source) / "train").is_dir():
-            raise DataUnavailable(f"COURSE_DATA={source} has no train/<class>/*.jpg folder. Point COURSE_DATA at a "
-                                  f"folder laid out as <folder>/train/<class>/*.jpg, or unset it to download CIFAR-10.")
+            raise DataUnavailable(f"{config.DATA_ENV}={source} has no train/<class>/*.jpg folder. Point "
+                                  f"{config.DATA_ENV} at a folder laid out as <folder>/train/<class>/*.jpg, or set "
+                                  f"it to 'torchvision' to download CIFAR-10.")
         return Path(source)
-    if (shared / "train").is_dir():
-        return shared
     folder = data_root / "cifar10-jpeg"
     done = folder / "train" / ".complete"  # written last: a half-written folder is rebuilt, never used
     if done.exists():
@@ -53,10 +53,11 @@ def locate_cifar_folder(source: str | None, shared: Path, data_root: Path, mirro
         train = load_torchvision_cifar10(data_root, train=True, mirror_url=mirror_url)
     except RuntimeError as err:
         raise DataUnavailable(
-            f"The tests need real CIFAR-10 images and found none: COURSE_DATA is unset, {shared} does not exist, and "
-            f"downloading CIFAR-10 into {data_root} failed ({err.__cause__ or err}). Remedies: set "
-            f"COURSE_DATA=<folder> to a folder laid out as <folder>/train/<class>/*.jpg, or connect to the internet "
-            f"once so the tests can download CIFAR-10 (170 MB, checksum verified).") from err
+            f"The tests need real CIFAR-10 images and found none: no image folder ({config.DATA_ENV} unset and "
+            f"{config.shared_data_folder()} absent, or {config.DATA_ENV}=torchvision), and downloading CIFAR-10 "
+            f"into {data_root} failed ({err.__cause__ or err}). Remedies: set {config.DATA_ENV}=<folder> to a "
+            f"folder laid out as <folder>/train/<class>/*.jpg, or connect to the internet once so the tests can "
+            f"download CIFAR-10 (170 MB, checksum verified).") from err
     shutil.rmtree(folder / "train", ignore_errors=True)
     print(f"Writing the {len(train['labels'])} downloaded training images as JPEG class folders in {folder} ...")
     save_image_folder(train, folder / "train")
@@ -68,9 +69,7 @@ def locate_cifar_folder(source: str | None, shared: Path, data_root: Path, mirro
 def cifar_folder() -> Path:
     """The real CIFAR-10 JPEG folder (<folder>/train/<class>/*.jpg); without one the whole run stops, remedies named."""
     try:
-        source = os.environ.get(config.DATA_ENV, "").strip()
-        return locate_cifar_folder(None if source in ("", "torchvision") else source, config.shared_data_folder(),
-                                   DOWNLOAD_ROOT)
+        return locate_cifar_folder(config.data_source(), DOWNLOAD_ROOT)
     except DataUnavailable as err:
         pytest.exit(str(err), returncode=pytest.ExitCode.USAGE_ERROR)
 

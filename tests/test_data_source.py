@@ -13,6 +13,7 @@ import pytest
 from conftest import DataUnavailable, locate_cifar_folder
 from torchvision.datasets import CIFAR10
 
+from course_lib import config
 from course_lib.data import CIFAR10_CLASSES, decode_image, list_image_folder
 
 PER_CLASS = 3  # real images per class in the local archive: 30 in all, 5 training batches of 6
@@ -73,30 +74,36 @@ def local_mirror(cifar_folder, tmp_path, monkeypatch):
     server.shutdown()
 
 
-def test_course_data_wins(tmp_path):
+def test_course_data_wins(tmp_path, monkeypatch):
     """COURSE_DATA is used as given, before the shared folder."""
     (tmp_path / "mine" / "train").mkdir(parents=True)
     (tmp_path / "shared" / "train").mkdir(parents=True)
-    assert locate_cifar_folder(str(tmp_path / "mine"), tmp_path / "shared", tmp_path / "root") == tmp_path / "mine"
+    monkeypatch.setattr(config, "shared_data_folder", lambda: tmp_path / "shared")
+    monkeypatch.setenv(config.DATA_ENV, str(tmp_path / "mine"))
+    assert locate_cifar_folder(config.data_source(), tmp_path / "root") == tmp_path / "mine"
 
 
 def test_course_data_without_train_split_names_the_layout(tmp_path):
     """A COURSE_DATA folder with no train/ split is an error naming the variable and the layout, not a download."""
     with pytest.raises(DataUnavailable, match="COURSE_DATA") as err:
-        locate_cifar_folder(str(tmp_path), tmp_path / "shared", tmp_path / "root")
+        locate_cifar_folder(str(tmp_path), tmp_path / "root")
     assert "<folder>/train/<class>/*.jpg" in str(err.value)
 
 
-def test_shared_folder_used_without_course_data(tmp_path):
-    """With COURSE_DATA unset, the shared folder beside the checkout is used."""
+def test_shared_folder_used_without_course_data(tmp_path, monkeypatch):
+    """With COURSE_DATA unset, the shared folder beside the checkout is used; COURSE_DATA=torchvision skips it."""
     (tmp_path / "shared" / "train").mkdir(parents=True)
-    assert locate_cifar_folder(None, tmp_path / "shared", tmp_path / "root") == tmp_path / "shared"
+    monkeypatch.setattr(config, "shared_data_folder", lambda: tmp_path / "shared")
+    monkeypatch.delenv(config.DATA_ENV, raising=False)
+    assert locate_cifar_folder(config.data_source(), tmp_path / "root") == tmp_path / "shared"
+    monkeypatch.setenv(config.DATA_ENV, "torchvision")
+    assert config.data_source() is None  # the tests then download, as the lessons do
 
 
 def test_download_writes_real_jpeg_class_folders_once(local_mirror, tmp_path):
     """Neither folder: CIFAR-10 is downloaded (here from a local mirror) and written as JPEG class folders, once."""
     url, images, targets, hits = local_mirror
-    folder = locate_cifar_folder(None, tmp_path / "no-shared", tmp_path / "root", mirror_url=url)
+    folder = locate_cifar_folder(None, tmp_path / "root", mirror_url=url)
     assert folder == tmp_path / "root" / "cifar10-jpeg" and hits
     requests = len(hits)
     files, labels, classes = list_image_folder(folder / "train")
@@ -105,7 +112,7 @@ def test_download_writes_real_jpeg_class_folders_once(local_mirror, tmp_path):
         i = int(f.stem)
         assert classes[label] == CIFAR10_CLASSES[targets[i]]
         assert np.abs(decode_image(f).numpy().astype(int) - images[i].astype(int)).mean() < 4
-    assert locate_cifar_folder(None, tmp_path / "no-shared", tmp_path / "root", mirror_url=url) == folder
+    assert locate_cifar_folder(None, tmp_path / "root", mirror_url=url) == folder
     assert len(hits) == requests  # the second call neither downloads nor rewrites
 
 
@@ -115,14 +122,14 @@ def test_half_written_folder_is_rebuilt(local_mirror, tmp_path):
     stale = tmp_path / "root" / "cifar10-jpeg" / "train" / "cat"
     stale.mkdir(parents=True)
     (stale / "junk.jpg").write_bytes(b"not an image")
-    folder = locate_cifar_folder(None, tmp_path / "no-shared", tmp_path / "root", mirror_url=url)
+    folder = locate_cifar_folder(None, tmp_path / "root", mirror_url=url)
     assert not (stale / "junk.jpg").exists() and len(list_image_folder(folder / "train")[0]) == len(images)
 
 
 def test_offline_without_data_names_both_remedies(tmp_path):
     """No folder and no network (nothing listens on 127.0.0.1:9): one error naming COURSE_DATA and the download."""
     with pytest.raises(DataUnavailable) as err:
-        locate_cifar_folder(None, tmp_path / "no-shared", tmp_path / "root",
+        locate_cifar_folder(None, tmp_path / "root",
                             mirror_url="http://127.0.0.1:9/cifar-10-python.tar.gz")
     msg = str(err.value)
     assert "COURSE_DATA=<folder>" in msg and "connect to the internet once" in msg and str(tmp_path / "root") in msg

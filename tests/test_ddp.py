@@ -14,7 +14,7 @@ import torch
 import yaml
 from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 
-from course_lib import cli, config, parallel
+from course_lib import cli, config, parallel, scaling
 from course_lib.data import EpochSampler
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,11 +103,11 @@ def test_torchrun_cli_ddp_two_cpu_processes(tmp_path, tiny_folder):
 
 
 def test_script_path_lightning_launches_the_ranks(tmp_path, tiny_folder, monkeypatch):
-    """`python -m course_lib.parallel --devices 2` (strategy ddp: Lightning re-runs the command for rank 1) trains on
+    """`python -m course_lib.scaling --devices 2` (strategy ddp: Lightning re-runs the command for rank 1) trains on
     both ranks; rank 0 reports the throughput of both."""
     monkeypatch.setenv("COURSE_DATA", str(tiny_folder))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    row = parallel.measure_script(2, tmp_path / "row.json", timeout=180, accelerator="cpu", model="lenet", batch=8,
+    row = scaling.measure_script(2, tmp_path / "row.json", timeout=180, accelerator="cpu", model="lenet", batch=8,
                                   warmup=1, steps=2)
     assert row["processes"] == 2 and row["batch_size"] == 16 and row["steps"] == 2 and row["images_per_s"] > 0
 

@@ -18,6 +18,7 @@ NOISE = {
     "an ERROR line": re.compile(r"^ERROR|\bERROR:", re.M),
     "a Python warning": re.compile(r"\b\w*Warning: ", re.M),
     "a rank-prefixed print from DDP workers": re.compile(r"^\[rank\d+\]", re.M),
+    "a C++ or torch log line": re.compile(r"^(USDT|STAGE|ERROR|INFO|WARNING):\d{4}-|^[WEI]\d{4} \d\d:\d\d:\d\d", re.M),
 }
 
 
@@ -56,7 +57,8 @@ def test_the_scan_finds_each_kind_of_noise():
                "a site-packages path": "lib/python3.11/site-packages/lightning/x.py:12",
                "an ERROR line": "ERROR: gpuGetDeviceCount failed with code 35",
                "a Python warning": "x.py:3: UserWarning: something",
-               "a rank-prefixed print from DDP workers": "[rank1] loss 2.3"}
+               "a rank-prefixed print from DDP workers": "[rank1] loss 2.3",
+               "a C++ or torch log line": "W1201 11:59:36.137000 25027 torch/utils/_pytree.py:630] <enum> is"}
     for why, text in samples.items():
         assert NOISE[why].search(text), why
     clean = "02_lightning | run size: full | hardware: CPU AMD EPYC (2 cores)\n3 epochs in 15.5 s (data ../shared)"
