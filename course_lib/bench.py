@@ -22,8 +22,8 @@ from .timing import DeviceTimer
 # dense bf16 tensor-core peaks in TFLOP/s from the vendors' data sheets; first matching name wins (order matters)
 PEAK_BF16_TFLOPS = [("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("A100", 312.0), ("L40S", 362.0),
                     ("L40", 181.0), ("L4", 121.0)]
-FIELDS = ["name", "images_per_s", "step_ms", "peak_mem_mb", "data_wait", "warmup_s", "steps", "batch_size",
-          "precision", "device"]
+FIELDS = ["name", "images_per_s", "images_per_s_min", "images_per_s_max", "step_ms", "peak_mem_mb", "data_wait",
+          "warmup_s", "steps", "batch_size", "precision", "device"]
 
 
 class BenchCallback(L.Callback):
@@ -131,7 +131,8 @@ def bench(module: L.LightningModule, datamodule: L.LightningDataModule, name: st
                          f"too small for warm-up + steps; use a larger subset or fewer steps.")
     device = module.device
     peak = (torch.cuda.max_memory_allocated(device) if device.type == "cuda" else cb.peak_rss) / 2**20
-    return {"name": name, "images_per_s": cb.throughput.compute()["device/samples_per_sec"],
+    ips = cb.throughput.compute()["device/samples_per_sec"]
+    return {"name": name, "images_per_s": ips, "images_per_s_min": ips, "images_per_s_max": ips,  # one run
             "step_ms": 1e3 * statistics.median(cb.step_s), "peak_mem_mb": peak,
             "data_wait": sum(cb.wait_s) / (sum(cb.wait_s) + sum(cb.step_s)), "warmup_s": cb.warmup_s,
             "steps": steps, "batch_size": cb.batch_size,
@@ -140,7 +141,8 @@ def bench(module: L.LightningModule, datamodule: L.LightningDataModule, name: st
 
 def run_configs(configs: list[dict], make: Callable[[dict], tuple], steps: int, warmup: int = 5,
                 repeats: int = 1) -> list[dict]:
-    """Bench each config (`make(cfg)` -> module, datamodule); with repeats, keep the run with the median images/s."""
+    """Bench each config (`make(cfg)` -> module, datamodule); with repeats, keep the run with the median images/s
+    and add the fastest and slowest repeat's (images_per_s_min, images_per_s_max: the spread)."""
     rows = []
     for cfg in configs:
         runs = []
@@ -149,7 +151,8 @@ def run_configs(configs: list[dict], make: Callable[[dict], tuple], steps: int, 
             runs.append(bench(module, dm, cfg["name"], steps, warmup, cfg.get("precision", "32-true"),
                               **cfg.get("trainer", {})))
         runs.sort(key=lambda r: r["images_per_s"])
-        rows.append({**runs[len(runs) // 2], "repeats": repeats})
+        rows.append({**runs[len(runs) // 2], "images_per_s_min": runs[0]["images_per_s"],
+                     "images_per_s_max": runs[-1]["images_per_s"], "repeats": repeats})
     return rows
 
 

@@ -1,9 +1,10 @@
 """Exercises: warm-ups that compare an answer with what the lesson computed, and speed or memory exercises graded
 by measurement, where the learner's code and the baseline are measured alternately in the same run on the same
-hardware, and the check passes when the learner reaches a target ratio.
+hardware, and the check passes when the learner reaches a target ratio. Here: the framework and the checks of
+lessons 01-03 and 08; those of lessons 04-07, whose levers are the hardware's, are in exercise_hardware.py.
 
 A lesson's speed exercise is two cells: one that starts with `# EXERCISE <n>` holding the starter code the learner
-edits, and one that starts with `# CHECK <n>` that sets `passed` from a check function below. Reference solutions
+edits, and one that starts with `# CHECK <n>` that sets `passed` from a check function. Reference solutions
 live in notebooks/solutions/NN_topic.py; tests/test_exercises.py runs every check with the starter (it must fail)
 and with the solution (it must pass)."""
 from __future__ import annotations
@@ -49,168 +50,6 @@ def ratio_check(name: str, learner: Callable[[], float], baseline: Callable[[], 
     print(f"{name}: {ratio:.2f}x less {what} than the baseline{where} (target >= {target:g}x; per round "
           f"{rounds[0]:.2f}-{rounds[-1]:.2f}x, {repeats} rounds): {'passed' if passed else 'not yet'}")
     return passed
-
-
-def check_06_allreduce(average_gradients, target: float = 3.0, world: int = 2) -> bool:
-    """Lesson 06: the learner's average_gradients(model, world) against one all-reduce per parameter tensor, on
-    `world` gloo processes training parallel.deep_mlp (50 small tensors); its weights must equal one process's."""
-    from . import config, parallel
-
-    steps, rounds = max(4, config.run_size("06_ddp").bench_steps), 3
-    res = parallel.allreduce_train({"baseline": parallel.average_per_tensor, "learner": average_gradients},
-                                   world=world, steps=steps, batch=16, model="deep", rounds=rounds)
-    one = parallel.train_one("deep", 0, steps, 16).state_dict()
-    diff = max((res["state"]["learner"][k] - one[k]).abs().max().item() for k in one)
-    same = diff < 1e-6
-    print(f"Exercise 06: weights vs one process on the full batches: max |difference| {diff:.1e} "
-          f"({'equal' if same else 'NOT equal: the gradients are not averaged correctly'})")
-    base, mine = iter(res["comm_s"]["baseline"]), iter(res["comm_s"]["learner"])
-    fast = ratio_check("Exercise 06", lambda: next(mine), lambda: next(base), target, rounds,
-                       what="all-reduce time per run", hardware=f"{world} gloo CPU processes")
-    return bool(fast and same)
-
-
-def check_07_inference(serve, target: float = 1.5, min_agreement: float = 0.9) -> bool:
-    """Lesson 07: serve(model, calibration) -> a callable on (64, 3, 32, 32) batches, against eager fp32 at batch 64;
-    the served model must predict fp32's top-1 class on >= min_agreement of a held-out batch."""
-    import statistics
-
-    import torch
-
-    from . import compress, config
-    from .models import ResNet9
-    from .timing import time_calls
-
-    size = config.run_size("07_quantization")
-    torch.manual_seed(0)
-    net = ResNet9(width=max(8, round(64 * size.width))).eval()
-    g = torch.Generator().manual_seed(1)
-    calibration = [torch.randn(64, 3, 32, 32, generator=g) for _ in range(2)]
-    held_out = torch.randn(64, 3, 32, 32, generator=g)  # not among the calibration batches
-    fast = serve(net, calibration)
-    with torch.no_grad():
-        agree = (fast(held_out).argmax(1) == net(held_out).argmax(1)).float().mean().item()
-    print(f"Exercise 07: the served model agrees with fp32 on {agree:.0%} of a held-out batch "
-          f"(needs >= {min_agreement:.0%}); int8 dot-product unit: {'VNNI' if compress.has_vnni() else 'none (AVX2)'}")
-    calls = max(5, size.bench_steps)
-
-    def cost(fn):
-        with torch.no_grad():
-            return statistics.median(time_calls(lambda: fn(held_out), calls, warmup=2))
-
-    passed = ratio_check("Exercise 07", lambda: cost(fast), lambda: cost(net), target, 3,
-                         what="latency at batch 64", hardware=config.hardware_label())
-    return bool(passed and agree >= min_agreement)
-
-
-# --- lessons 04 and 05: memory for speed, fusion ---------------------------------------------------------
-
-def plain_train_step(net, x, y) -> None:
-    """The starter of lesson 04's exercise: one forward and backward over the whole batch."""
-    import torch.nn.functional as F
-
-    F.cross_entropy(net(x), y).backward()
-
-
-def check_04_activation_memory(train_step: Callable, batch_size: int | None = None, target: float = 2.0) -> bool:
-    """Lesson 04: train_step(net, x, y) must hold >= `target`x fewer saved-for-backward bytes than a plain step on
-    the same batch, with the same gradients (same effective batch); reports the time cost and, on CUDA, peak memory."""
-    import copy
-    import time
-
-    import torch
-
-    from . import bench, config, models
-
-    cuda = torch.cuda.is_available()
-    device = "cuda" if cuda else "cpu"
-    batch = batch_size or (256 if cuda else 32)
-    torch.manual_seed(0)
-    # (B, 3, 32, 32) -> (B, 10); eval mode: BatchNorm uses running statistics, so chunking the batch does not
-    # change the gradients, and the check can compare them with the plain step's
-    net = models.ResNet9(width=64 if cuda else 8).to(device).eval()
-    x = torch.randn(batch, 3, 32, 32, device=device)
-    y = torch.randint(0, 10, (batch,), device=device)
-    nets = {"baseline": net, "learner": copy.deepcopy(net)}
-    steps = {"baseline": plain_train_step, "learner": train_step}
-    seconds: dict[str, list[float]] = {"baseline": [], "learner": []}
-    peak_mb: dict[str, float] = {}
-
-    def cost(side: str) -> float:
-        """Saved bytes of one step of this side; its time and CUDA peak memory are recorded on the way."""
-        nets[side].zero_grad(set_to_none=True)
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        start = time.perf_counter()
-        held = bench.saved_bytes_peak(lambda: steps[side](nets[side], x, y))
-        if cuda:
-            torch.cuda.synchronize()
-            peak_mb[side] = torch.cuda.max_memory_allocated() / 2**20
-        seconds[side].append(time.perf_counter() - start)
-        return max(held, 1)
-
-    passed = ratio_check("Exercise (activation memory)", lambda: cost("learner"), lambda: cost("baseline"), target,
-                         repeats=2, what="saved-for-backward bytes", hardware=config.hardware_label())
-    grads = [(a.grad, b.grad) for a, b in zip(nets["baseline"].parameters(), nets["learner"].parameters())]
-    if any(b is None for _, b in grads):
-        print("  the learner's step left some parameters without a gradient: it must train the whole net")
-        return False
-    err = max(((b - a).norm() / a.norm().clamp_min(1e-12)).item() for a, b in grads)
-    same = err <= 0.05  # fp32 accumulation or checkpointing: ~1e-6; bf16 autocast: ~1e-2
-    t_base, t_mine = statistics.median(seconds["baseline"]), statistics.median(seconds["learner"])
-    print(f"  batch {batch}: gradients match the plain step's to {err:.1e} (relative, limit 0.05): "
-          f"{'same effective batch' if same else 'NOT the same gradients'}; time per step {t_base * 1e3:.0f} ms -> "
-          f"{t_mine * 1e3:.0f} ms ({t_mine / t_base:.2f}x, the price of the memory saved)")
-    if cuda:
-        print(f"  CUDA peak memory (torch.cuda.max_memory_allocated): {peak_mb['baseline']:,.0f} MB -> "
-              f"{peak_mb['learner']:,.0f} MB")
-    else:
-        print("  (no GPU: the bytes are what autograd saved for backward, counted by saved_tensors_hooks, "
-              "not the process's whole memory)")
-    return passed and same
-
-
-def eager_chain(x):
-    """The starter of lesson 05's exercise: a hand-written normalise-and-activate, ten elementwise ops, each a pass."""
-    import torch
-
-    mean = x.mean(dim=-1, keepdim=True)
-    centred = x - mean
-    var = (centred * centred).mean(dim=-1, keepdim=True)
-    z = centred * torch.rsqrt(var + 1e-5)
-    z = z * 1.5 + 0.1  # scale and shift
-    return 0.5 * z * (1.0 + torch.tanh(0.7978845608 * (z + 0.044715 * z * z * z)))  # tanh GELU
-
-
-def check_05_fusion(fn: Callable, target: float = 2.0) -> bool:
-    """Lesson 05: fn(x) must equal eager_chain(x) and take >= `target`x less time, timed after a warm-up call (the
-    compile time, printed separately, is excluded)."""
-    import time
-
-    import torch
-
-    from . import config, timing
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    rows = 4096 if device == "cuda" else 512
-    torch.manual_seed(0)
-    x = torch.randn(rows, 2048, device=device)  # (rows, features) float32: 4 MB on a CPU, 32 MB on a GPU
-    start = time.perf_counter()
-    out = fn(x)  # warm-up: torch.compile compiles on this first call
-    timing.sync(device)
-    print(f"Exercise (fusion): first call (compile, if any) took {time.perf_counter() - start:.2f} s")
-    if not torch.allclose(out, eager_chain(x), atol=1e-3, rtol=1e-3):
-        print("  fn(x) does not match the eager chain's result: it must compute the same function")
-        return False
-    repeats = 20 if device == "cuda" else 10
-
-    def cost(f) -> float:
-        """Seconds of f's fastest call of `repeats` (a busy machine only ever adds time)."""
-        return min(timing.time_calls(lambda: f(x), repeats, warmup=1, device=device))
-
-    return ratio_check("Exercise (fusion)", lambda: cost(fn), lambda: cost(eager_chain), target, repeats=3,
-                       what="time", hardware=config.hardware_label())
 
 
 # --- lesson 01: the loop ---------------------------------------------------------------------------------
@@ -282,40 +121,65 @@ def check_01_loop_speed(batch_size: int, lr: float, momentum: float = 0.9, targe
     return bool(fast and good)
 
 
-# ---- lesson 03: a data pipeline that keeps the device busy ----------------------------------------------------
-_JPEG_FOLDERS: dict = {}  # image folder -> torchvision ImageFolder: the 50,000 file names are listed once
+# ---- lesson 02: what the Trainer does around each step ------------------------------------------------------------
 
+def check_02_trainer_overhead(trainer_settings: Callable[[], dict], target: float = 2.0) -> bool:
+    """Lesson 02: LeNet trained with Trainer(**trainer_settings()) must reach >= `target`x the images/s of the
+    starter's settings (anomaly detection on, a CSV row and a checkpoint every step), alternately in this run."""
+    import tempfile
 
-def jpeg_datamodule(batch_size: int = 64, num_workers: int = 0, pin_memory: bool = False,
-                    persistent_workers: bool = False, subset: int | None = None, seed: int = 0):
-    """Lesson 03's classic pipeline: JPEG files, PIL decode and torchvision v2 augmentation per image, DataLoader."""
     import lightning as L
     import torch
-    from torchvision import datasets
-    from torchvision.transforms import v2
+    import torch.nn.functional as F
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import CSVLogger
 
-    from . import config
-    from .data import CIFAR10_MEAN, CIFAR10_STD
-    folder = config.data_source()
-    if folder is None or folder.endswith(".pt"):
-        raise ValueError("The JPEG pipeline needs an image folder (<root>/train/<class>/*.jpg): set COURSE_DATA or "
-                         "write one with course_lib.data.save_image_folder (lesson 00).")
-    aug = v2.Compose([v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip(), v2.ToImage(),
-                      v2.ToDtype(torch.float32, scale=True), v2.Normalize(CIFAR10_MEAN, CIFAR10_STD)])
-    if folder not in _JPEG_FOLDERS:
-        _JPEG_FOLDERS[folder] = datasets.ImageFolder(f"{folder}/train")
-    full = _JPEG_FOLDERS[folder]
-    images = datasets.ImageFolder.__new__(datasets.ImageFolder)  # same file list, this module's transform
-    images.__dict__.update(full.__dict__, transform=aug)
-    keep = torch.randperm(len(full), generator=torch.Generator().manual_seed(seed))[:subset or len(full)]
-    train = torch.utils.data.Subset(images, keep.tolist())
-    dm = L.LightningDataModule()
-    dm.train_dataloader = lambda: torch.utils.data.DataLoader(  # per image: open, decode, crop, flip, normalise
-        train, batch_size=batch_size, shuffle=True, num_workers=num_workers, pin_memory=pin_memory,
-        persistent_workers=persistent_workers and num_workers > 0)
-    return dm
+    from . import bench, config, runs
+    from .models import LeNet
+
+    class StepOnly(L.LightningModule):
+        """LeNet with a training step and SGD, nothing logged: any Trainer setting, barebones too, can train it."""
+
+        def __init__(self):
+            super().__init__()
+            self.net = LeNet()
+
+        def forward(self, x):  # (B, 3, 32, 32) -> (B, 10)
+            return self.net(x)
+
+        def training_step(self, batch, batch_idx):
+            return F.cross_entropy(self(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+
+    def starter() -> dict:
+        folder = tempfile.mkdtemp()
+        return dict(detect_anomaly=True, logger=CSVLogger(folder), log_every_n_steps=1,
+                    callbacks=[ModelCheckpoint(dirpath=f"{folder}/checkpoints", every_n_train_steps=1)])
+
+    steps, warmup = max(30, min(config.run_size("02_lightning").bench_steps, 60)), 5
+    dm = runs.datamodule("02_lightning", kind="device", batch_size=64)  # batches made on the device: no loader
+    dm.prepare_data()
+    dm.setup("fit")
+
+    def seconds_per_image(settings: Callable[[], dict]) -> float:
+        kwargs = settings()
+        cb = bench.BenchCallback(warmup, steps)
+        trainer = L.Trainer(**{"accelerator": "auto", "devices": 1, "max_epochs": None, "enable_progress_bar": False,
+                               "enable_model_summary": False, "num_sanity_val_steps": 0, "limit_val_batches": 0,
+                               **kwargs, "max_steps": warmup + steps,
+                               "callbacks": [*kwargs.get("callbacks", []), cb]})
+        L.seed_everything(0, verbose=False)
+        trainer.fit(StepOnly(), train_dataloaders=dm.train_dataloader())  # training only: no validation loop
+        return 1 / cb.throughput.compute()["device/samples_per_sec"]
+
+    return ratio_check("Exercise 3 (Trainer overhead)", lambda: seconds_per_image(trainer_settings),
+                       lambda: seconds_per_image(starter), target, repeats=3, what="time per image",
+                       hardware=config.hardware_label())
 
 
+# ---- lesson 03: a data pipeline that keeps the device busy ----------------------------------------------------
 def check_03_data_wait(make_data: Callable, target: float = 2.0, max_wait: float | None = None,
                        batch_size: int = 256) -> bool:
     """Lesson 03: make_data(batch_size) -> a DataModule; passes when its images/s is >= target x the JPEG
@@ -325,6 +189,7 @@ def check_03_data_wait(make_data: Callable, target: float = 2.0, max_wait: float
     import torch
 
     from . import bench, config
+    from .jpeg import JpegDataModule
     from .models import SimpleCNN
     from .modules import ImageClassifierModule
     size = config.run_size("03_gpu_and_data")
@@ -338,7 +203,7 @@ def check_03_data_wait(make_data: Callable, target: float = 2.0, max_wait: float
 
     base, mine = [], []
     for _ in range(rounds):  # alternating rounds: a slow spell of the machine hits both sides alike
-        base.append(run(jpeg_datamodule(batch_size, subset=batch_size * (steps + 3))))
+        base.append(run(JpegDataModule(batch_size, subset=batch_size * (steps + 3))))
         mine.append(run(make_data(batch_size)))
     med = lambda rows, k: statistics.median(r[k] for r in rows)  # noqa: E731
     ratio, wait = med(mine, "images_per_s") / med(base, "images_per_s"), med(mine, "data_wait")
@@ -348,3 +213,45 @@ def check_03_data_wait(make_data: Callable, target: float = 2.0, max_wait: float
           f"{config.hardware_label()}, median of {rounds} alternating rounds of {steps} steps: "
           f"{'passed' if passed else 'not yet'}")
     return passed
+
+
+# ---- lesson 08: augmentation as one batch operation ---------------------------------------------------------------
+
+def check_08_batch_augment(augment: Callable, target: float = 3.0, pad: int = 2) -> bool:
+    """Lesson 08: augment(x, shifts, flips, pad) on a uint8 batch must equal the per-image starter (normalise, reflect
+    pad, crop, mirror, stack) and take >= `target`x less time, timed alternately in this run."""
+    import torch
+    import torch.nn.functional as F
+
+    from . import config, timing
+    from .data import crop_flip, to_float
+
+    def per_image(x, shifts, flips, pad):
+        """The starter: one image at a time, as a Dataset's transform works, then stacked as a DataLoader does."""
+        h, w = x.shape[-2:]
+        out = []
+        for i in range(len(x)):
+            img = F.pad(to_float(x[i:i + 1]), (pad,) * 4, mode="reflect")[0]  # (C, H + 2 pad, W + 2 pad)
+            r, c = int(shifts[0, i]), int(shifts[1, i])
+            img = img[:, r:r + h, c:c + w]
+            out.append(img.flip(-1) if flips[i] else img)
+        return torch.stack(out)
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(0)
+    batch = 1024 if device == "cuda" else 512  # the speedrun's batch on a GPU; a CPU-sized one here
+    x = torch.randint(0, 256, (batch, 3, 32, 32), dtype=torch.uint8, generator=g).to(device)  # (B, 3, 32, 32)
+    shifts = torch.randint(0, 2 * pad + 1, (2, batch), generator=g).to(device)  # (2, B) row and column offsets
+    flips = (torch.rand(batch, generator=g) < 0.5).to(device)  # (B,) mirror or not
+    expected = crop_flip(to_float(x), shifts, flips, pad, mode="reflect")  # what the starter computes
+    if not torch.allclose(augment(x, shifts, flips, pad), expected, atol=1e-6):
+        print("Exercise 2 (batch augmentation): the result differs from the starter's: it must normalise, crop and "
+              "mirror exactly as the starter does")
+        return False
+
+    def cost(fn) -> float:
+        """Seconds of fn's fastest call of 5 after a warm-up (a busy machine only ever adds time)."""
+        return min(timing.time_calls(lambda: fn(x, shifts, flips, pad), 5, warmup=1, device=device))
+
+    return ratio_check("Exercise 2 (batch augmentation)", lambda: cost(augment), lambda: cost(per_image), target,
+                       repeats=3, what="time per batch", hardware=config.hardware_label())

@@ -66,6 +66,8 @@ def quiet_lightning() -> None:
     the UNACTIONABLE warnings hidden; real warnings stay."""
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+    # the Tuner's temporary checkpoint notes that it saves the full state by default (a notice, not a choice)
+    logging.getLogger("lightning.pytorch.trainer.connectors.checkpoint_connector").setLevel(logging.WARNING)
     # torchao 0.18 registers Enum constants the way torch 2.14 deprecates (a notice at import, nothing to act on)
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
     # the profiler's C++ log lines (no GPU found, USDT start/stop marks): 6 is above every level kineto prints at

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_lib import config
-from course_lib.data import load_torchvision_cifar10, save_image_folder
+from course_lib import config, jpeg
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_CLASSES = ("airplane", "cat", "ship")
@@ -34,35 +33,12 @@ class DataUnavailable(RuntimeError):
 
 
 def locate_cifar_folder(source: str | None, data_root: Path, mirror_url: str | None = None) -> Path:
-    """The CIFAR-10 JPEG folder for the tests: `source` (config.data_source(): COURSE_DATA, else the shared folder),
-    or, where it is None, one made from a download.
-
-    The download branch fetches CIFAR-10 with torchvision's checked download into data_root once and writes its
-    50,000 training images as <data_root>/cifar10-jpeg/train/<class>/*.jpg; later runs reuse that folder."""
-    if source:
-        if not (Path(source) / "train").is_dir():
-            raise DataUnavailable(f"{config.DATA_ENV}={source} has no train/<class>/*.jpg folder. Point "
-                                  f"{config.DATA_ENV} at a folder laid out as <folder>/train/<class>/*.jpg, or set "
-                                  f"it to 'torchvision' to download CIFAR-10.")
-        return Path(source)
-    folder = data_root / "cifar10-jpeg"
-    done = folder / "train" / ".complete"  # written last: a half-written folder is rebuilt, never used
-    if done.exists():
-        return folder
+    """The CIFAR-10 JPEG folder for the tests: jpeg.jpeg_folder, the lessons' own, with its errors as DataUnavailable:
+    `source` (config.data_source(): COURSE_DATA, else the shared folder), or one written once from a download."""
     try:
-        train = load_torchvision_cifar10(data_root, train=True, mirror_url=mirror_url)
-    except RuntimeError as err:
-        raise DataUnavailable(
-            f"The tests need real CIFAR-10 images and found none: no image folder ({config.DATA_ENV} unset and "
-            f"{config.shared_data_folder()} absent, or {config.DATA_ENV}=torchvision), and downloading CIFAR-10 "
-            f"into {data_root} failed ({err.__cause__ or err}). Remedies: set {config.DATA_ENV}=<folder> to a "
-            f"folder laid out as <folder>/train/<class>/*.jpg, or connect to the internet once so the tests can "
-            f"download CIFAR-10 (170 MB, checksum verified).") from err
-    shutil.rmtree(folder / "train", ignore_errors=True)
-    print(f"Writing the {len(train['labels'])} downloaded training images as JPEG class folders in {folder} ...")
-    save_image_folder(train, folder / "train")
-    done.touch()
-    return folder
+        return jpeg.jpeg_folder(source, data_root, mirror_url)
+    except (FileNotFoundError, RuntimeError) as err:
+        raise DataUnavailable(f"The tests need real CIFAR-10 images. {err}") from err
 
 
 @pytest.fixture(scope="session")

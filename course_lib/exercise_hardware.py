@@ -1,0 +1,169 @@
+"""Measured exercises whose lever is the hardware: activation memory (lesson 04), kernel fusion (05), fewer and
+larger all-reduces (06) and int8 inference (07). Graded like exercise.py's: the learner's code and the baseline
+measured alternately in the same run, passing at a target ratio (exercise.ratio_check)."""
+from __future__ import annotations
+
+import statistics
+from typing import Callable
+
+from .exercise import ratio_check
+
+
+def plain_train_step(net, x, y) -> None:
+    """The starter of lesson 04's exercise: one forward and backward over the whole batch."""
+    import torch.nn.functional as F
+
+    F.cross_entropy(net(x), y).backward()
+
+
+def check_04_activation_memory(train_step: Callable, batch_size: int | None = None, target: float = 2.0) -> bool:
+    """Lesson 04: train_step(net, x, y) must hold >= `target`x fewer saved-for-backward bytes than a plain step on
+    the same batch, with the same gradients (same effective batch); reports the time cost and, on CUDA, peak memory."""
+    import copy
+    import time
+
+    import torch
+
+    from . import bench, config, models
+
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    batch = batch_size or (256 if cuda else 32)
+    torch.manual_seed(0)
+    # (B, 3, 32, 32) -> (B, 10); eval mode: BatchNorm uses running statistics, so chunking the batch does not
+    # change the gradients, and the check can compare them with the plain step's
+    net = models.ResNet9(width=64 if cuda else 8).to(device).eval()
+    x = torch.randn(batch, 3, 32, 32, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
+    nets = {"baseline": net, "learner": copy.deepcopy(net)}
+    steps = {"baseline": plain_train_step, "learner": train_step}
+    seconds: dict[str, list[float]] = {"baseline": [], "learner": []}
+    peak_mb: dict[str, float] = {}
+
+    def cost(side: str) -> float:
+        """Saved bytes of one step of this side; its time and CUDA peak memory are recorded on the way."""
+        nets[side].zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        held = bench.saved_bytes_peak(lambda: steps[side](nets[side], x, y))
+        if cuda:
+            torch.cuda.synchronize()
+            peak_mb[side] = torch.cuda.max_memory_allocated() / 2**20
+        seconds[side].append(time.perf_counter() - start)
+        return max(held, 1)
+
+    passed = ratio_check("Exercise (activation memory)", lambda: cost("learner"), lambda: cost("baseline"), target,
+                         repeats=2, what="saved-for-backward bytes", hardware=config.hardware_label())
+    grads = [(a.grad, b.grad) for a, b in zip(nets["baseline"].parameters(), nets["learner"].parameters())]
+    if any(b is None for _, b in grads):
+        print("  the learner's step left some parameters without a gradient: it must train the whole net")
+        return False
+    err = max(((b - a).norm() / a.norm().clamp_min(1e-12)).item() for a, b in grads)
+    same = err <= 0.05  # fp32 accumulation or checkpointing: ~1e-6; bf16 autocast: ~1e-2
+    t_base, t_mine = statistics.median(seconds["baseline"]), statistics.median(seconds["learner"])
+    print(f"  batch {batch}: gradients match the plain step's to {err:.1e} (relative, limit 0.05): "
+          f"{'same effective batch' if same else 'NOT the same gradients'}; time per step {t_base * 1e3:.0f} ms -> "
+          f"{t_mine * 1e3:.0f} ms ({t_mine / t_base:.2f}x, the price of the memory saved)")
+    if cuda:
+        print(f"  CUDA peak memory (torch.cuda.max_memory_allocated): {peak_mb['baseline']:,.0f} MB -> "
+              f"{peak_mb['learner']:,.0f} MB")
+    else:
+        print("  (no GPU: the bytes are what autograd saved for backward, counted by saved_tensors_hooks, "
+              "not the process's whole memory)")
+    return passed and same
+
+
+def eager_chain(x):
+    """The starter of lesson 05's exercise: a hand-written normalise-and-activate, ten elementwise ops, each a pass."""
+    import torch
+
+    mean = x.mean(dim=-1, keepdim=True)
+    centred = x - mean
+    var = (centred * centred).mean(dim=-1, keepdim=True)
+    z = centred * torch.rsqrt(var + 1e-5)
+    z = z * 1.5 + 0.1  # scale and shift
+    return 0.5 * z * (1.0 + torch.tanh(0.7978845608 * (z + 0.044715 * z * z * z)))  # tanh GELU
+
+
+def check_05_fusion(fn: Callable, target: float = 2.0) -> bool:
+    """Lesson 05: fn(x) must equal eager_chain(x) and take >= `target`x less time, timed after a warm-up call (the
+    compile time, printed separately, is excluded)."""
+    import time
+
+    import torch
+
+    from . import config, timing
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    rows = 4096 if device == "cuda" else 512
+    torch.manual_seed(0)
+    x = torch.randn(rows, 2048, device=device)  # (rows, features) float32: 4 MB on a CPU, 32 MB on a GPU
+    start = time.perf_counter()
+    out = fn(x)  # warm-up: torch.compile compiles on this first call
+    timing.sync(device)
+    print(f"Exercise (fusion): first call (compile, if any) took {time.perf_counter() - start:.2f} s")
+    if not torch.allclose(out, eager_chain(x), atol=1e-3, rtol=1e-3):
+        print("  fn(x) does not match the eager chain's result: it must compute the same function")
+        return False
+    repeats = 20 if device == "cuda" else 10
+
+    def cost(f) -> float:
+        """Seconds of f's fastest call of `repeats` (a busy machine only ever adds time)."""
+        return min(timing.time_calls(lambda: f(x), repeats, warmup=1, device=device))
+
+    return ratio_check("Exercise (fusion)", lambda: cost(fn), lambda: cost(eager_chain), target, repeats=3,
+                       what="time", hardware=config.hardware_label())
+
+
+def check_06_allreduce(average_gradients, target: float = 3.0, world: int = 2) -> bool:
+    """Lesson 06: the learner's average_gradients(model, world) against one all-reduce per parameter tensor, on
+    `world` gloo processes training parallel.deep_mlp (50 small tensors); its weights must equal one process's."""
+    from . import config, parallel
+
+    steps, rounds = max(4, config.run_size("06_ddp").bench_steps), 3
+    res = parallel.allreduce_train({"baseline": parallel.average_per_tensor, "learner": average_gradients},
+                                   world=world, steps=steps, batch=16, model="deep", rounds=rounds)
+    one = parallel.train_one("deep", 0, steps, 16).state_dict()
+    diff = max((res["state"]["learner"][k] - one[k]).abs().max().item() for k in one)
+    same = diff < 1e-6
+    print(f"Exercise 06: weights vs one process on the full batches: max |difference| {diff:.1e} "
+          f"({'equal' if same else 'NOT equal: the gradients are not averaged correctly'})")
+    base, mine = iter(res["comm_s"]["baseline"]), iter(res["comm_s"]["learner"])
+    fast = ratio_check("Exercise 06", lambda: next(mine), lambda: next(base), target, rounds,
+                       what="all-reduce time per run", hardware=f"{world} gloo CPU processes")
+    return bool(fast and same)
+
+
+def check_07_inference(serve, target: float = 1.5, min_agreement: float = 0.9) -> bool:
+    """Lesson 07: serve(model, calibration) -> a callable on (64, 3, 32, 32) batches, against eager fp32 at batch 64;
+    the served model must predict fp32's top-1 class on >= min_agreement of a held-out batch."""
+    import statistics
+
+    import torch
+
+    from . import compress, config
+    from .models import ResNet9
+    from .timing import time_calls
+
+    size = config.run_size("07_quantization")
+    torch.manual_seed(0)
+    net = ResNet9(width=max(8, round(64 * size.width))).eval()
+    g = torch.Generator().manual_seed(1)
+    calibration = [torch.randn(64, 3, 32, 32, generator=g) for _ in range(2)]
+    held_out = torch.randn(64, 3, 32, 32, generator=g)  # not among the calibration batches
+    fast = serve(net, calibration)
+    with torch.no_grad():
+        agree = (fast(held_out).argmax(1) == net(held_out).argmax(1)).float().mean().item()
+    print(f"Exercise 07: the served model agrees with fp32 on {agree:.0%} of a held-out batch "
+          f"(needs >= {min_agreement:.0%}); int8 dot-product unit: {'VNNI' if compress.has_vnni() else 'none (AVX2)'}")
+    calls = max(5, size.bench_steps)
+
+    def cost(fn):
+        with torch.no_grad():
+            return statistics.median(time_calls(lambda: fn(held_out), calls, warmup=2))
+
+    passed = ratio_check("Exercise 07", lambda: cost(fast), lambda: cost(net), target, 3,
+                         what="latency at batch 64", hardware=config.hardware_label())
+    return bool(passed and agree >= min_agreement)

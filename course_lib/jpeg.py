@@ -1,0 +1,78 @@
+"""The classic input pipeline that lesson 03 starts from: CIFAR-10 as JPEG files, opened and decoded by PIL and
+augmented one image at a time by torchvision.transforms.v2 inside a DataLoader, as most tutorials build it."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Subset
+from torchvision import datasets
+from torchvision.transforms import v2
+
+from . import config
+from .data import CIFAR10_MEAN, CIFAR10_STD, load_torchvision_cifar10, save_image_folder
+
+_FILE_LISTS: dict = {}  # image folder -> ImageFolder: the 50,000 file names are listed once per process
+
+
+def jpeg_folder(source: str | None, data_root: str | Path | None = None, mirror_url: str | None = None) -> Path:
+    """The training JPEGs as <folder>/train/<class>/*.jpg: `source` (config.data_source()) where it names a folder,
+    else one written once under the data root from torchvision's checked download (a half-written one is rebuilt)."""
+    if source:
+        if not (Path(source) / "train").is_dir():
+            raise FileNotFoundError(f"{config.DATA_ENV}={source} has no train/<class>/*.jpg folder. Point "
+                                    f"{config.DATA_ENV} at a folder laid out as <folder>/train/<class>/*.jpg, or "
+                                    f"set it to 'torchvision' to download CIFAR-10.")
+        return Path(source)
+    folder = Path(data_root or config.data_root()) / "cifar10-jpeg"
+    done = folder / "train" / ".complete"  # written last
+    if not done.exists():
+        try:
+            train = load_torchvision_cifar10(folder.parent, train=True, mirror_url=mirror_url)
+        except RuntimeError as err:
+            raise RuntimeError(
+                f"No CIFAR-10 JPEG folder here: {config.DATA_ENV} is unset and {config.shared_data_folder()} "
+                f"absent (or {config.DATA_ENV}=torchvision), and downloading CIFAR-10 into {folder.parent} failed "
+                f"({err.__cause__ or err}). Remedies: set {config.DATA_ENV}=<folder> to a folder laid out as "
+                f"<folder>/train/<class>/*.jpg, or connect to the internet once so CIFAR-10 can be downloaded "
+                f"(170 MB, checksum verified).") from err
+        shutil.rmtree(folder / "train", ignore_errors=True)
+        print(f"Writing the {len(train['labels'])} training images as JPEG class folders in {folder} ...")
+        save_image_folder(train, folder / "train")
+        done.touch()
+    return folder
+
+
+def per_image_transform() -> v2.Compose:
+    """Random crop (4 px zero padding), mirror, float in [0, 1], normalise: one call per image."""
+    return v2.Compose([v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip(), v2.ToImage(),
+                       v2.ToDtype(torch.float32, scale=True), v2.Normalize(CIFAR10_MEAN, CIFAR10_STD)])
+
+
+class JpegDataModule(L.LightningDataModule):
+    """Training batches from JPEG files: per step, batch_size files opened, decoded and augmented one by one."""
+
+    def __init__(self, batch_size: int = 64, num_workers: int = 0, pin_memory: bool = False,
+                 persistent_workers: bool = False, subset: int | None = None, seed: int = 0):
+        super().__init__()
+        self.save_hyperparameters()
+
+    def prepare_data(self) -> None:
+        jpeg_folder(config.data_source())  # downloads and writes the folder once where there is none
+
+    def setup(self, stage: str | None = None) -> None:
+        folder = str(jpeg_folder(config.data_source()))
+        if folder not in _FILE_LISTS:
+            _FILE_LISTS[folder] = datasets.ImageFolder(f"{folder}/train")
+        full = _FILE_LISTS[folder]
+        files = datasets.ImageFolder.__new__(datasets.ImageFolder)  # the same file list, this module's transform
+        files.__dict__.update(full.__dict__, transform=per_image_transform())
+        keep = torch.randperm(len(full), generator=torch.Generator().manual_seed(self.hparams.seed))
+        self.train_set = Subset(files, keep[:self.hparams.subset or len(full)].tolist())
+
+    def train_dataloader(self) -> DataLoader:
+        hp = self.hparams
+        return DataLoader(self.train_set, batch_size=hp.batch_size, shuffle=True, num_workers=hp.num_workers,
+                          pin_memory=hp.pin_memory, persistent_workers=hp.persistent_workers and hp.num_workers > 0)
