@@ -142,7 +142,8 @@ def bench(module: L.LightningModule, datamodule: L.LightningDataModule, name: st
 def run_configs(configs: list[dict], make: Callable[[dict], tuple], steps: int, warmup: int = 5,
                 repeats: int = 1) -> list[dict]:
     """Bench each config (`make(cfg)` -> module, datamodule); with repeats, keep the run with the median images/s
-    and add the fastest and slowest repeat's (images_per_s_min, images_per_s_max: the spread)."""
+    and add the fastest and slowest repeat's (images_per_s_min, images_per_s_max: the spread) and the first
+    repeat's warm-up (first_warmup_s: compilation from cold caches lands there)."""
     rows = []
     for cfg in configs:
         runs = []
@@ -150,9 +151,11 @@ def run_configs(configs: list[dict], make: Callable[[dict], tuple], steps: int, 
             module, dm = make(cfg)
             runs.append(bench(module, dm, cfg["name"], steps, warmup, cfg.get("precision", "32-true"),
                               **cfg.get("trainer", {})))
+        first_warmup_s = runs[0]["warmup_s"]  # the only repeat that compiles cold: later ones hit the caches
         runs.sort(key=lambda r: r["images_per_s"])
         rows.append({**runs[len(runs) // 2], "images_per_s_min": runs[0]["images_per_s"],
-                     "images_per_s_max": runs[-1]["images_per_s"], "repeats": repeats})
+                     "images_per_s_max": runs[-1]["images_per_s"], "first_warmup_s": first_warmup_s,
+                     "repeats": repeats})
     return rows
 
 
