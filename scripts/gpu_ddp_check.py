@@ -18,6 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout: no install needed (GPU machine)
 
+import gpu_check  # this folder: its warm-up rule
+
 from course_lib import bench, config, scaling
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,7 +39,7 @@ def main() -> int:
     size = config.run_size("gpu_ddp_check")  # COURSE_SIZE, scaled for this device in config.LESSON_SCALES
     p.add_argument("--batch", type=int, default=size.batch_size, help="images per process")
     p.add_argument("--steps", type=int, default=size.bench_steps, help="timed steps")
-    p.add_argument("--warmup", type=int, default=max(1, size.bench_steps // 5), help="untimed steps")
+    p.add_argument("--warmup", type=int, default=gpu_check.warmup_steps(size), help="untimed steps")
     args = p.parse_args()
     n_gpus = scaling.num_cuda_devices()
     gpu = n_gpus > 0
