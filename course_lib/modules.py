@@ -25,6 +25,7 @@ class ClassifierSystem(L.LightningModule):
         if compile:  # in place, so checkpoint keys stay those of the eager net
             net.compile()
         self.net, self._channels_last = net, channels_last
+        self.epoch_metrics: dict[str, torch.Tensor] = {}  # the last epoch's loss and accuracy per stage
         self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
         # one metric pair per stage, so running states never mix; both accumulate on the device without syncing
         for stage in STAGES:
@@ -61,9 +62,12 @@ class ClassifierSystem(L.LightningModule):
         self._shared_step(batch, "test")
 
     def _log_epoch(self, stage: str) -> None:
-        """Log the epoch's mean loss and accuracy (one host sync per epoch; synced across processes under DDP)."""
+        """Log the epoch's mean loss and accuracy (one host sync per epoch; synced across processes under DDP);
+        under Trainer(barebones=True), which forbids self.log, they are only kept in self.epoch_metrics."""
         acc, loss = getattr(self, f"{stage}_acc"), getattr(self, f"{stage}_loss")
-        self.log_dict({f"{stage}_loss": loss.compute(), f"{stage}_acc": acc.compute()}, prog_bar=True)
+        self.epoch_metrics.update({f"{stage}_loss": loss.compute(), f"{stage}_acc": acc.compute()})
+        if not self.trainer.barebones:
+            self.log_dict({k: v for k, v in self.epoch_metrics.items() if k.startswith(f"{stage}_")}, prog_bar=True)
         acc.reset()
         loss.reset()
 

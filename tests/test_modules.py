@@ -152,3 +152,22 @@ def test_predict_loop_returns_all_labels():
     preds, labels = predict(model, loader)
     assert torch.equal(labels, ys) and preds.shape == (10,)
     assert torch.equal(preds, model(xs).argmax(dim=1))
+
+
+def test_barebones_trains_and_keeps_the_epoch_metrics(tiny_folder, tmp_path):
+    """Under Trainer(barebones=True), which forbids self.log, the module trains and keeps its epoch loss and
+    accuracy in epoch_metrics, the same values a logging Trainer logs."""
+    results = {}
+    for bare in (True, False):
+        L.seed_everything(0, verbose=False)
+        module = ImageClassifierModule("lenet")
+        extra = {"barebones": True} if bare else {"logger": False, "enable_checkpointing": False,
+                                                  "enable_progress_bar": False, "enable_model_summary": False}
+        trainer = L.Trainer(accelerator="cpu", max_epochs=1, limit_val_batches=0, num_sanity_val_steps=0, **extra)
+        trainer.fit(module, datamodule=CIFAR10DataModule(image_folder=str(tiny_folder), data_dir=str(tmp_path),
+                                                          batch_size=16))
+        results[bare] = {k: float(v) for k, v in module.epoch_metrics.items()}
+        if not bare:
+            assert float(trainer.callback_metrics["train_loss"]) == results[bare]["train_loss"]
+    assert set(results[True]) == {"train_loss", "train_acc"}
+    assert results[True] == results[False]
