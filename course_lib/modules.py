@@ -65,9 +65,10 @@ class ClassifierSystem(L.LightningModule):
         """Log the epoch's mean loss and accuracy (one host sync per epoch; synced across processes under DDP);
         under Trainer(barebones=True), which forbids self.log, they are only kept in self.epoch_metrics."""
         acc, loss = getattr(self, f"{stage}_acc"), getattr(self, f"{stage}_loss")
-        self.epoch_metrics.update({f"{stage}_loss": loss.compute(), f"{stage}_acc": acc.compute()})
+        metrics = {f"{stage}_loss": loss.compute(), f"{stage}_acc": acc.compute()}
+        self.epoch_metrics.update(metrics)
         if not self.trainer.barebones:
-            self.log_dict({k: v for k, v in self.epoch_metrics.items() if k.startswith(f"{stage}_")}, prog_bar=True)
+            self.log_dict(metrics, prog_bar=True)
         acc.reset()
         loss.reset()
 

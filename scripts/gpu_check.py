@@ -27,14 +27,27 @@ TARGETS = [  # (lesson, config, baseline, required speedup): the issue's targets
 ]
 
 
-def make_subset(out: Path, n: int) -> None:
-    """Save a seeded random subset of the real training images as one uint8 tensor file to carry."""
-    data = load_image_folder(Path(config.data_source() or config.shared_data_folder()) / "train")
+def save_subset(data: dict, out: Path, n: int) -> Path:
+    """Save a seeded random n-image subset of {'images', 'labels', 'classes'} as one uint8 tensor file."""
     keep = torch.randperm(len(data["labels"]), generator=torch.Generator().manual_seed(0))[:n]
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"images": data["images"][keep].clone(), "labels": data["labels"][keep].clone(),
                 "classes": data["classes"]}, out)
+    return out
+
+
+def make_subset(out: Path, n: int) -> None:
+    """Save a seeded random subset of the real training images as one uint8 tensor file to carry."""
+    save_subset(load_image_folder(Path(config.data_source() or config.shared_data_folder()) / "train"), out, n)
     print(f"wrote {n} images to {out} ({out.stat().st_size / 2**20:.0f} MiB)")
+
+
+def make_run(cfg: dict, source: str | None, batch: int):
+    """One configuration -> (module, datamodule) on `source`, with the TF32 switches the configuration asks for."""
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(cfg.get("tf32"))
+    dm = runs.datamodule("gpu_check", kind="device" if cfg.get("device_data") else "loader", image_folder=source,
+                         batch_size=batch, **cfg.get("data", {}))
+    return ImageClassifierModule(**cfg["model"]), dm
 
 
 def warmup_steps(size: config.RunSize) -> int:
@@ -74,12 +87,6 @@ def main() -> int:
         return 0
     source = args.data or config.data_source()
 
-    def make(cfg):
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(cfg.get("tf32"))
-        dm = runs.datamodule("gpu_check", kind="device" if cfg.get("device_data") else "loader",
-                             image_folder=source, batch_size=args.batch, **cfg.get("data", {}))
-        return ImageClassifierModule(**cfg["model"]), dm
-
     start = time.perf_counter()
     runnable, skipped = [], []
     for cfg in configs(args.batch):  # a precision this hardware lacks is skipped with the policy's reason
@@ -88,7 +95,8 @@ def main() -> int:
             runnable.append(cfg)
         except ValueError as err:
             skipped.append(f"- {cfg['name']}: skipped: {err}")
-    rows = bench.run_configs(runnable, make, steps=args.steps, warmup=args.warmup)
+    rows = bench.run_configs(runnable, lambda cfg: make_run(cfg, source, args.batch), steps=args.steps,
+                             warmup=args.warmup)
     rows = bench.add_speedups(rows, rows[0]["name"])
     speed = {r["name"]: r["images_per_s"] for r in rows}
     lines = [f"# GPU check on {config.hardware_label()}", "", f"Command: `{' '.join(sys.argv)}`", "",

@@ -12,8 +12,7 @@ from pathlib import Path
 import gpu_check
 import torch
 
-from course_lib import bench, config, experiments, runs, scaling
-from course_lib.modules import ImageClassifierModule
+from course_lib import bench, config, experiments, scaling
 
 ROOT = Path(__file__).resolve().parents[1]
 ORDER = ["ResNet-9 fp32", "ResNet-9 bf16-mixed", "ResNet-9 bf16 + compile + channels_last",
@@ -25,10 +24,8 @@ def run(source: Path, deadline: float, dry: bool, info: dict, show=print) -> lis
     """Bench the configurations one at a time (in ORDER) while time.monotonic() is before deadline, rewriting the
     results file after each; show(summary lines) after each too. Returns the summary lines."""
     data = torch.load(source, weights_only=True)
-    keep = torch.randperm(len(data["labels"]), generator=torch.Generator().manual_seed(0))[:15_000]
-    subset = config.build_dir() / "capstone" / "cifar10-15k.pt"  # as gpu_check.py --make-subset from the folder
-    torch.save({"images": data["images"][keep].clone(), "labels": data["labels"][keep].clone(),
-                "classes": data["classes"]}, subset)
+    n = min(15_000, len(data["labels"]))  # as gpu_check.py --make-subset from the folder
+    subset = gpu_check.save_subset(data, config.build_dir() / "capstone" / "cifar10-15k.pt", n)
     size = config.run_size("gpu_check", gpu=not dry, size="smoke" if dry else None)
     batch, steps, warmup = size.batch_size, size.bench_steps, gpu_check.warmup_steps(size)
     ddp_size = config.run_size("gpu_ddp_check", gpu=not dry, size="smoke" if dry else None)  # per process
@@ -37,12 +34,6 @@ def run(source: Path, deadline: float, dry: bool, info: dict, show=print) -> lis
     out = (config.build_dir() / "gpu_check-dryrun.md" if dry
            else ROOT / "docs" / "results" / f"{info['gpu'].replace(' ', '_')}.md")
     rows, notes = [], []
-
-    def make(cfg):
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(cfg.get("tf32"))
-        return ImageClassifierModule(**cfg["model"]), runs.datamodule(
-            "gpu_check", kind="device" if cfg.get("device_data") else "loader", image_folder=str(subset),
-            batch_size=batch, **cfg.get("data", {}))
 
     for name in names:
         need = 150 if "compile" in name else 60
@@ -59,14 +50,15 @@ def run(source: Path, deadline: float, dry: bool, info: dict, show=print) -> lis
                                                   data=str(subset))
                 rows.append({**row, "name": "lesson 06: 1 device, DataLoader (gpu_ddp_check's first row)"})
             else:
-                rows += bench.run_configs([cfgs[name]], make, steps=steps, warmup=warmup)
+                rows += bench.run_configs([cfgs[name]], lambda cfg: gpu_check.make_run(cfg, str(subset), batch),
+                                         steps=steps, warmup=warmup)
         except Exception as err:  # noqa: BLE001
             notes.append(f"- {name}: FAILED: {type(err).__name__}: {str(err)[-300:]}")
         speed = {r["name"]: r["images_per_s"] for r in rows}
         targets = [f"- lesson {lesson}: {n} / {base} = {speed[n] / speed[base]:.2f}x (target {need_x}x): "
                    f"{'met' if speed[n] / speed[base] >= need_x else 'MISSED'}"
                    for lesson, n, base, need_x in gpu_check.TARGETS if n in speed and base in speed]
-        lines = [f"Data: {subset} ({len(keep):,} images, gpu_check.py's subset); batch {batch}; {warmup} warm-up "
+        lines = [f"Data: {subset} ({n:,} images, gpu_check.py's subset); batch {batch}; {warmup} warm-up "
                  f"+ {steps} timed steps per row, one run each; part (d) of scripts/gpu_capstone.py.", "",
                  bench.table(bench.add_speedups(rows, rows[0]["name"])) if rows else "(no row yet)", "",
                  "## Targets", "", *(targets or ["- none measured yet"]), *notes]
