@@ -6,12 +6,14 @@ training loop (scripts/airbench_port.py) on the same images, epochs, batch and s
     python scripts/fidelity_cpu.py --impl course --extras off --seeds 0 1 2   # no label smoothing, bias LR x1,
     python scripts/fidelity_cpu.py --impl port --extras off --seeds 0 1 2     # no lookahead (both); or one of
     python scripts/fidelity_cpu.py --impl course --extras no-lookahead        # them: no-smoothing, no-bias-lr
+    python scripts/fidelity_cpu.py --impl port --precision own     # each side's own low precision (point 16)
     python scripts/fidelity_cpu.py --report                        # docs/results/fidelity-cpu.md from the runs
 
 Every run appends one JSON line to build/fidelity/runs.jsonl (accuracy with and without TTA, seconds, settings,
 commit); --report groups them by configuration. Data: the course's seed-0 split of the JPEG folder (COURSE_DATA),
-a seeded subset of its training part and of its 5,000 test images; fp32; 9.9 epochs; LR and decay per batch as
-airbench scales them (per example).
+a seeded subset of its training part and of its 5,000 test images; fp32 (or, with --precision own, the course in
+bf16-mixed and the port in airbench's fp16 weights with fp32 BatchNorm, which a CPU without fp16 units emulates
+slowly); 9.9 epochs; LR and decay per batch as airbench scales them (per example).
 """
 from __future__ import annotations
 
@@ -43,6 +45,10 @@ EXTRAS = {"on": ({}, {}),
           "no-bias-lr": (dict(bias_scale=1.0), dict(bias_scaler=1.0)),
           "no-lookahead": (dict(lookahead_every=0), dict(lookahead=False))}
 
+
+#: --precision: fp32 on both sides, or each side's own low precision, as (course Trainer precision, port dtype)
+PRECISIONS = {"fp32": ("32-true", torch.float32, "fp32"),
+              "own": ("bf16-mixed", torch.float16, "course bf16-mixed, port fp16 weights with fp32 BatchNorm")}
 
 #: airbench94 (0.1.8) against the course, point by point, and what was done; tests/test_fidelity.py checks each
 DEVIATIONS = [  # (point, airbench94, the course before, resolution)
@@ -78,8 +84,9 @@ DEVIATIONS = [  # (point, airbench94, the course before, resolution)
     ("net, init", "whiten, 3 groups (conv, pool, BN, GELU, conv, BN, GELU), max pool, linear x 1/9; kaiming +"
      " dirac", "same", "equal: one seed gives the same weights (test)"),
     ("precision", "fp16 weights and activations, fp32 BatchNorm, no master copy", "bf16-mixed autocast, fp32 weights",
-     "kept: the course's precision policy (lesson 04; no loss scaling, no summed-loss trick, "
-     "fp32 updates); measured on the GPU by gpu_capstone.py (b) - (a), not on this CPU (no " "native fp16/bf16)"),
+     "kept: the course's precision policy (lesson 04: bf16 needs no loss scaling, and updates stay fp32); "
+     "measured on this CPU with --precision own (see the runs and Findings), and on a GPU by gpu_capstone.py "
+     "(b) - (a)"),
     ("speed settings", "channels_last, no compile", "channels_last + compile on a GPU", "speed only"),
 ]
 
@@ -95,7 +102,7 @@ def datamodule(args) -> SpeedrunDataModule:
 def run_course(dm, args, seed: int) -> dict:
     extras = EXTRAS[args.extras][0]
     module = speedrun.SpeedrunModule(tuple(args.widths), args.batch, **extras)
-    run = experiments.run_seed(module, dm, seed, args.epochs, "32-true")
+    run = experiments.run_seed(module, dm, seed, args.epochs, PRECISIONS[args.precision][0])
     plain = speedrun.evaluate_tta(module.net, dm.test_set.images, dm.test_set.labels, level=0)
     return {"acc": run["acc"], "acc_no_tta": plain, "time_s": run["total_s"], "steps": run["steps"],
             "final_loss": run["losses"][-5:].mean().item()}
@@ -103,11 +110,13 @@ def run_course(dm, args, seed: int) -> dict:
 
 def run_port(dm, args, seed: int) -> dict:
     torch.manual_seed(seed)  # the port draws everything from the global generator, as airbench does
+    dtype = PRECISIONS[args.precision][1]
     train = airbench_port.Loader(dm.train_set.images, dm.train_set.labels, args.batch, train=True,
-                                 aug=airbench_port.HYP["aug"], altflip=True)
-    test = airbench_port.Loader(dm.test_set.images, dm.test_set.labels, 2000, train=False)
+                                 aug=airbench_port.HYP["aug"], altflip=True, dtype=dtype)
+    test = airbench_port.Loader(dm.test_set.images, dm.test_set.labels, 2000, train=False, dtype=dtype)
     extras = EXTRAS[args.extras][1]
-    out = airbench_port.train(train, test, args.epochs, tuple(args.widths), timer=DeviceTimer("cpu"), **extras)
+    out = airbench_port.train(train, test, args.epochs, tuple(args.widths), dtype=dtype, timer=DeviceTimer("cpu"),
+                              **extras)
     return {"acc": out["acc"], "acc_no_tta": out["acc_no_tta"], "time_s": out["time_s"], "steps": out["steps"],
             "final_loss": out["losses"][-5:].mean().item()}
 
@@ -120,8 +129,14 @@ def commit() -> str:
 
 
 def settings(args) -> dict:
-    return {"subset": args.subset, "test_subset": args.test_subset, "widths": list(args.widths), "batch": args.batch,
-            "epochs": args.epochs}
+    got = {"subset": args.subset, "test_subset": args.test_subset, "widths": list(args.widths), "batch": args.batch,
+           "epochs": args.epochs}
+    return got if args.precision == "fp32" else {**got, "precision": args.precision}  # older runs have no key
+
+
+def precision_label(settings: dict) -> str:
+    """How a row's two sides computed."""
+    return PRECISIONS[settings.get("precision", "fp32")][2]
 
 
 FINDINGS = "<!-- findings: written by hand; kept when --report rewrites the file -->"
@@ -149,7 +164,7 @@ def report(path: Path, out: Path) -> Path:
     for (s, impl, extras), rs in groups.items():
         st = json.loads(s)
         label = (f"{st['subset']:,} train / {st['test_subset'] or 'all'} test images, AirNet{tuple(st['widths'])}, "
-                 f"batch {st['batch']}, {st['epochs']} epochs, fp32")
+                 f"batch {st['batch']}, {st['epochs']} epochs, {precision_label(st)}")
         seeds = ", ".join(str(r["seed"]) for r in rs)
         cmds = sorted({r["command"] for r in rs})
         lines.append(f"| {label} | {impl} | {extras} | {seeds} | "
@@ -167,11 +182,15 @@ def report(path: Path, out: Path) -> Path:
     pairs = []
     for (s, impl, extras), rs in groups.items():
         st = json.loads(s)
-        tag = f"{st['subset']:,} images, {st['epochs']} epochs"
+        tag = f"{st['subset']:,} images, {st['epochs']} epochs, {precision_label(st)}"
         if impl == "course" and (s, "port", extras) in groups:
             pairs.append(f"- {tag}, extras {extras}, course - port: {diff(rs, groups[(s, 'port', extras)])}")
         if extras != "on" and (s, impl, "on") in groups:
             pairs.append(f"- {tag}, {impl}, extras on - {extras}: {diff(groups[(s, impl, 'on')], rs)}")
+        fp32 = json.dumps({k: v for k, v in st.items() if k != "precision"}, sort_keys=True)
+        if st.get("precision", "fp32") != "fp32" and (fp32, impl, extras) in groups:
+            pairs.append(f"- {tag}, {impl}, extras {extras}, own precision - fp32: "
+                         f"{diff(rs, groups[(fp32, impl, extras)])}")
     lines += ["", "Differences (mean of the first minus the second ± standard error):", "", *pairs]
     commits = sorted({r["commit"] for r in rows})
     lines += ["", f"Runs from {path} (commits {', '.join(commits)}), one at a time on this machine.", "",
@@ -191,6 +210,8 @@ def main() -> int:
     p.add_argument("--test-subset", type=int, default=None, help="test images (default: all 5,000)")
     p.add_argument("--widths", type=int, nargs=3, default=(16, 32, 32))
     p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
+                   help="own: the course in bf16-mixed, the port in airbench's fp16 weights (fp32 BatchNorm)")
     p.add_argument("--epochs", type=float, default=speedrun.EPOCHS)
     p.add_argument("--runs", type=Path, default=config.build_dir() / "fidelity" / "runs.jsonl")
     p.add_argument("--report", action="store_true", help="write docs/results/fidelity-cpu.md from --runs and exit")
