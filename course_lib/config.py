@@ -83,7 +83,7 @@ def run_size(lesson: str | None = None, gpu: bool | None = None, size: str | Non
     return replace(SIZES[name], **LESSON_SCALES.get((lesson, name, "gpu" if gpu else "cpu"), {}))
 
 
-def _repo_root() -> Path | None:
+def repo_root() -> Path | None:
     """The source checkout this package lives in, or None when installed elsewhere (e.g. on Colab)."""
     root = Path(__file__).resolve().parents[1]
     return root if (root / "pyproject.toml").exists() else None
@@ -93,7 +93,7 @@ def data_root() -> Path:
     """Folder for downloads and caches: $COURSE_DATA_ROOT, else the repo's data/, else ./data."""
     if os.environ.get(DATA_ROOT_ENV):
         return Path(os.environ[DATA_ROOT_ENV]).expanduser()
-    root = _repo_root()
+    root = repo_root()
     return root / "data" if root else Path("data")
 
 
@@ -101,7 +101,7 @@ def build_dir() -> Path:
     """Folder for executed notebooks, results and summaries: $COURSE_BUILD, else the repo's build/."""
     if os.environ.get(BUILD_ENV):
         return Path(os.environ[BUILD_ENV]).expanduser()
-    root = _repo_root()
+    root = repo_root()
     return root / "build" if root else Path("build")
 
 
@@ -266,7 +266,7 @@ def banner(lesson: str) -> dict:
 
 def _shown(path: str | None) -> str | None:
     """A data path as outputs show it: relative to the checkout where it is near it, so no machine's layout leaks."""
-    root = _repo_root()
+    root = repo_root()
     if path is None or root is None or not Path(path).is_absolute():
         return path
     rel = os.path.relpath(path, root)

@@ -47,7 +47,7 @@ def ratio_check(name: str, learner: Callable[[], float], baseline: Callable[[], 
     rounds = sorted(b / m for b, m in zip(base, mine))
     passed = ratio >= target
     where = f" on {hardware}" if hardware else ""
-    print(f"{name}: {ratio:.2f}x less {what} than the baseline{where} (target >= {target:g}x; per round "
+    print(f"{name}: the baseline's {what} / yours = {ratio:.2f}x{where} (target >= {target:g}x; per round "
           f"{rounds[0]:.2f}-{rounds[-1]:.2f}x, {repeats} rounds): {'passed' if passed else 'not yet'}")
     return passed
 
@@ -153,8 +153,10 @@ def check_02_trainer_overhead(trainer_settings: Callable[[], dict], target: floa
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
 
+    scratch = tempfile.TemporaryDirectory(prefix="course02_starter_")  # the starter's logs and checkpoints
+
     def starter() -> dict:
-        folder = tempfile.mkdtemp()
+        folder = tempfile.mkdtemp(dir=scratch.name)  # one per round: each round starts without old checkpoints
         return dict(detect_anomaly=True, logger=CSVLogger(folder), log_every_n_steps=1,
                     callbacks=[ModelCheckpoint(dirpath=f"{folder}/checkpoints", every_n_train_steps=1)])
 
@@ -174,9 +176,10 @@ def check_02_trainer_overhead(trainer_settings: Callable[[], dict], target: floa
         trainer.fit(StepOnly(), train_dataloaders=dm.train_dataloader())  # training only: no validation loop
         return 1 / cb.throughput.compute()["device/samples_per_sec"]
 
-    return ratio_check("Exercise 3 (Trainer overhead)", lambda: seconds_per_image(trainer_settings),
-                       lambda: seconds_per_image(starter), target, repeats=3, what="time per image",
-                       hardware=config.hardware_label())
+    with scratch:
+        return ratio_check("Exercise 3 (Trainer overhead)", lambda: seconds_per_image(trainer_settings),
+                           lambda: seconds_per_image(starter), target, repeats=3, what="time per image",
+                           hardware=config.hardware_label())
 
 
 # ---- lesson 03: a data pipeline that keeps the device busy ----------------------------------------------------

@@ -63,9 +63,10 @@ def check_04_activation_memory(train_step: Callable, batch_size: int | None = No
     err = max(((b - a).norm() / a.norm().clamp_min(1e-12)).item() for a, b in grads)
     same = err <= 0.05  # fp32 accumulation or checkpointing: ~1e-6; bf16 autocast: ~1e-2
     t_base, t_mine = statistics.median(seconds["baseline"]), statistics.median(seconds["learner"])
+    price = ", the price of the memory saved" if passed else ""
     print(f"  batch {batch}: gradients match the plain step's to {err:.1e} (relative, limit 0.05): "
           f"{'same effective batch' if same else 'NOT the same gradients'}; time per step {t_base * 1e3:.0f} ms -> "
-          f"{t_mine * 1e3:.0f} ms ({t_mine / t_base:.2f}x, the price of the memory saved)")
+          f"{t_mine * 1e3:.0f} ms ({t_mine / t_base:.2f}x{price})")
     if cuda:
         print(f"  CUDA peak memory (torch.cuda.max_memory_allocated): {peak_mb['baseline']:,.0f} MB -> "
               f"{peak_mb['learner']:,.0f} MB")

@@ -128,3 +128,21 @@ def write_report(path: str | Path, title: str, lines: list[str], info: dict | No
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(text) + "\n")
     return path
+
+
+def committed_results(pattern: str = "*-capstone.md", folder: str | Path | None = None) -> list[dict] | None:
+    """The headline of every results file a GPU run committed under docs/results/ (file, title, hardware, the
+    "## Comparison" bullets); None when this installation has no docs/ folder (installed without the checkout)."""
+    root = config.repo_root()
+    folder = Path(folder) if folder else root / "docs" / "results" if root else None
+    if folder is None or not folder.is_dir():
+        return None
+    found = []
+    for path in sorted(folder.glob(pattern)):
+        lines = path.read_text().splitlines()
+        start = lines.index("## Comparison") + 1 if "## Comparison" in lines else len(lines)
+        end = next((i for i in range(start, len(lines)) if lines[i].startswith("## ")), len(lines))
+        found.append({"file": path.name, "title": lines[0].lstrip("# ") if lines else path.name,
+                      "hardware": next((ln for ln in lines if ln.startswith("Hardware: ")), "Hardware: not named"),
+                      "comparison": [ln for ln in lines[start:end] if ln.startswith("- ")]})
+    return found

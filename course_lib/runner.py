@@ -53,7 +53,7 @@ def summary_markdown(rows: list[dict], size: str, hardware: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("lessons", nargs="*", help="lesson names or numbers to run (default: all)")
-    parser.add_argument("--notebooks", default=str((config._repo_root() or Path(".")) / "notebooks"))
+    parser.add_argument("--notebooks", default=str((config.repo_root() or Path(".")) / "notebooks"))
     parser.add_argument("--inplace", action="store_true", help="also write outputs back into notebooks/")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds allowed per cell")
     args = parser.parse_args(argv)
