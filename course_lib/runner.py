@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
+from traitlets.config import Config
 
 from . import config
 
@@ -18,17 +21,27 @@ def lesson_paths(folder: Path) -> list[Path]:
     return sorted(folder.glob("[0-9][0-9]_*.ipynb"))
 
 
+def kernel_config(sockets: str) -> Config:
+    """Kernels on local socket files where the OS has them (over TCP, ipykernel 7 warns at every start that its
+    traffic is unencrypted); absolute paths, because the kernel runs in the notebook's folder."""
+    config_ = Config()
+    if os.name == "posix":
+        config_.KernelManager.transport, config_.KernelManager.ip = "ipc", str(Path(sockets) / "kernel")
+    return config_
+
+
 def run_lesson(path: Path, out_dir: Path, inplace: bool, timeout: int) -> dict:
     """Execute one notebook in its own folder; save it executed; return status, wall time and figures."""
     (config.build_dir() / "results" / f"{path.stem}.json").unlink(missing_ok=True)  # no stale figures
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent)}})
     start, error = time.perf_counter(), None
-    try:
-        client.execute()
-    except CellExecutionError as err:
-        error = str(err).strip().splitlines()[-1]
+    with tempfile.TemporaryDirectory(prefix="course_kernel_") as sockets:
+        client = NotebookClient(nb, timeout=timeout, kernel_name="python3", config=kernel_config(sockets),
+                                resources={"metadata": {"path": str(path.parent)}})
+        try:
+            client.execute()
+        except CellExecutionError as err:
+            error = str(err).strip().splitlines()[-1]
     seconds = time.perf_counter() - start
     out_dir.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, out_dir / path.name)

@@ -158,10 +158,12 @@ class TwinReplay:
         return iter(self.recorded[self.epoch])
 
 
-def test_training_matches_airbench_step_for_step(real):
+@pytest.mark.parametrize("smoothing, bias_lr", [(0.2, 64.0), (0.0, 1.0)], ids=["airbench", "extras-off"])
+def test_training_matches_airbench_step_for_step(real, smoothing, bias_lr):
     """Same batches, same initial weights and whitening: the course's twin (mean loss, LR 1.5 per 1024, decay as the
     shrink per step, BN biases at 64x, whitening bias trained from zero then frozen, a fractional last epoch) and
-    the port (summed loss, airbench's decoupled LR and decay) give the same loss at every step and the same net."""
+    the port (summed loss, airbench's decoupled LR and decay) give the same loss at every step and the same net;
+    also with label smoothing and the BN-bias LR switched off, as fidelity_cpu.py's --extras off runs them."""
     images, labels = real[0][:48], real[1][:48]
     g = torch.Generator().manual_seed(0)
     x = to_float(images)
@@ -169,7 +171,7 @@ def test_training_matches_airbench_step_for_step(real):
     epochs, common = 2.5, dict(whiten_bias_epochs=1)  # 10 steps, the bias frozen after epoch 0
     torch.manual_seed(0)
     port = ab.train(Replay(images, labels, batches), ab.Loader(images, labels, 48, train=False), epochs, SMALL,
-                    lookahead=False, **common)
+                    lookahead=False, label_smoothing=smoothing, bias_scaler=bias_lr, **common)
     torch.manual_seed(0)
     net = AirNet(SMALL)
     filters = ab.make_net(SMALL)[0]
@@ -177,7 +179,8 @@ def test_training_matches_airbench_step_for_step(real):
     net.whiten.weight.data.copy_(filters.weight)
     net.whitened.fill_(True)
     twin = speedrun.train_twin(net, TwinReplay(images, batches), epochs,
-                               Recipe(SMALL, batch_size=12, lookahead_every=0, **common), "32-true")
+                               Recipe(SMALL, batch_size=12, lookahead_every=0, label_smoothing=smoothing,
+                                      bias_scale=bias_lr, **common), "32-true")
     assert len(twin["losses"]) == len(port["losses"]) == 10 and port["losses"].std() > 1e-3
     torch.testing.assert_close(twin["losses"], port["losses"], rtol=1e-4, atol=1e-5)
     assert_same_state(net, port["model"], rtol=1e-4, atol=1e-5)

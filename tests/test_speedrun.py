@@ -95,11 +95,14 @@ def test_alternating_flip_complements_the_previous_epoch():
     assert torch.equal(flipped[1], ~flipped[0])
 
 
-def test_lightning_module_and_plain_twin_follow_the_same_loss_curve(real):
-    """Same seed, batches, optimiser, schedule and lookahead: per-step losses agree; a changed LR does not."""
+@pytest.mark.parametrize("extras", [dict(lookahead_every=2),
+                                    dict(lookahead_every=0, label_smoothing=0.0, bias_scale=1.0)], ids=["on", "off"])
+def test_lightning_module_and_plain_twin_follow_the_same_loss_curve(real, extras):
+    """Same seed, batches, optimiser, schedule and lookahead: per-step losses agree, with airbench's extras and
+    without them (fidelity_cpu.py --extras off); a changed LR does not."""
     images, labels = real[0][:24], real[1][:24]
     batches = lambda: train_batches(images, labels, 8, seed=5)  # noqa: E731  3 steps per epoch
-    recipe = Recipe(widths=SMALL, batch_size=8, lookahead_every=2, whiten_bias_epochs=1)  # the freeze happens in both
+    recipe = Recipe(widths=SMALL, batch_size=8, whiten_bias_epochs=1, **extras)  # the freeze happens in both
     L.seed_everything(0, verbose=False)
     module = SpeedrunModule(**vars(recipe), whiten_images=images)
     assert module.recipe == recipe
