@@ -6,8 +6,9 @@ It follows airbench's structure step by step: a Sequential net in airbench's lay
 and pre-pads on its first epoch and flips everything on odd epochs, uncentred whitening, the summed loss with
 airbench's decoupled LR and decay, the triangle schedule, lookahead over the state dict, mirror + translate TTA.
 What differs, and why: images come in as uint8 tensors (N, 3, H, W) instead of a train.pt file; the dtype is a
-parameter (airbench: fp16 weights with fp32 BatchNorm on CUDA; on a CPU the check runs in fp32); the run is timed
-with the course's DeviceTimer; `train` returns accuracy and seconds instead of printing them.
+parameter (airbench: fp16 weights with fp32 BatchNorm on CUDA; fidelity_cpu.py runs it in fp32, or in fp16 with
+--precision own, which a CPU without fp16 units emulates slowly); the run is timed with the course's DeviceTimer;
+`train` returns accuracy and seconds instead of printing them.
 """
 from __future__ import annotations
 

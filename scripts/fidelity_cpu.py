@@ -85,8 +85,8 @@ DEVIATIONS = [  # (point, airbench94, the course before, resolution)
      " dirac", "same", "equal: one seed gives the same weights (test)"),
     ("precision", "fp16 weights and activations, fp32 BatchNorm, no master copy", "bf16-mixed autocast, fp32 weights",
      "kept: the course's precision policy (lesson 04: bf16 needs no loss scaling, and updates stay fp32); "
-     "measured on this CPU with --precision own (see the runs and Findings), and on a GPU by gpu_capstone.py "
-     "(b) - (a)"),
+     "the same accuracy on this CPU with --precision own (Findings); its time on a GPU is gpu_capstone.py's "
+     "(b) against (a)"),
     ("speed settings", "channels_last, no compile", "channels_last + compile on a GPU", "speed only"),
 ]
 

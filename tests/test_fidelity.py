@@ -184,3 +184,27 @@ def test_training_matches_airbench_step_for_step(real, smoothing, bias_lr):
     assert len(twin["losses"]) == len(port["losses"]) == 10 and port["losses"].std() > 1e-3
     torch.testing.assert_close(twin["losses"], port["losses"], rtol=1e-4, atol=1e-5)
     assert_same_state(net, port["model"], rtol=1e-4, atol=1e-5)
+
+
+def test_fidelity_report_groups_by_precision_and_pairs_own_against_fp32(tmp_path):
+    """fidelity_cpu.py --report: rows of the two precisions are separate configurations, each side's own precision
+    is compared with its fp32 rows, and fp32 settings keep the key-less form of the older runs."""
+    import argparse
+    import json
+
+    import fidelity_cpu as fc
+    base = dict(subset=100, test_subset=None, widths=[8, 16, 16], batch=32, epochs=1.0)
+    args = argparse.Namespace(**base, precision="fp32")
+    assert fc.settings(args) == base and fc.settings(argparse.Namespace(**base, precision="own"))["precision"] == "own"
+    assert fc.PRECISIONS["own"][:2] == ("bf16-mixed", torch.float16)  # the course's policy; airbench's weights
+    rows = [{"impl": impl, "extras": "on", "seed": seed, "acc": acc, "acc_no_tta": acc, "time_s": 1.0,
+             "final_loss": 1.0, "settings": {**base, **({"precision": "own"} if own else {})}, "commit": "x",
+             "command": "c"}
+            for impl in ("course", "port") for own in (False, True) for seed, acc in ((0, 0.5), (1, 0.6 + own / 10))]
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = fc.report(runs, tmp_path / "out.md").read_text()
+    own_label = fc.PRECISIONS["own"][2]
+    assert text.count(f"epochs, {own_label} |") == 2 and text.count("epochs, fp32 |") == 2
+    assert f"{own_label}, course, extras on, own precision - fp32: with TTA +5.00 pt" in text
+    assert f"{own_label}, extras on, course - port: with TTA +0.00 pt" in text
