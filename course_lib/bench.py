@@ -80,6 +80,16 @@ class BenchCallback(L.Callback):
         self._read = (len(self._marks), fig)
         return fig
 
+    def summary(self, device: torch.device) -> dict:
+        """The timed steps' figures of a result row (see FIELDS) on `device`: images/s, median step, peak memory
+        (CUDA's allocator on a GPU, the process's RSS elsewhere), data-wait fraction, warm-up, steps, batch."""
+        peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else self.peak_rss
+        step_s, wait_s = self.step_s, self.wait_s
+        return {"images_per_s": self.throughput.compute()["device/samples_per_sec"],
+                "step_ms": 1e3 * statistics.median(step_s), "peak_mem_mb": peak / 2**20,
+                "data_wait": sum(wait_s) / (sum(wait_s) + sum(step_s)), "warmup_s": self.warmup_s,
+                "steps": len(step_s), "batch_size": self.batch_size, "device": device.type}
+
     step_s = property(lambda self: self._figures()["step_s"], doc="Seconds per timed step.")
     wait_s = property(lambda self: self._figures()["wait_s"], doc="Seconds before each timed step (data wait).")
     warmup_s = property(lambda self: self._figures()["warmup_s"], doc="Seconds from train start to warm-up end.")
@@ -129,14 +139,9 @@ def bench(module: L.LightningModule, datamodule: L.LightningDataModule, name: st
     if len(cb.step_s) < steps:
         raise ValueError(f"Benchmark {name!r} ran only {len(cb.step_s)} timed steps of {steps}: the training set is "
                          f"too small for warm-up + steps; use a larger subset or fewer steps.")
-    device = module.device
-    peak = (torch.cuda.max_memory_allocated(device) if device.type == "cuda" else cb.peak_rss) / 2**20
-    ips = cb.throughput.compute()["device/samples_per_sec"]
-    return {"name": name, "images_per_s": ips, "images_per_s_min": ips, "images_per_s_max": ips,  # one run
-            "step_ms": 1e3 * statistics.median(cb.step_s), "peak_mem_mb": peak,
-            "data_wait": sum(cb.wait_s) / (sum(cb.wait_s) + sum(cb.step_s)), "warmup_s": cb.warmup_s,
-            "steps": steps, "batch_size": cb.batch_size,
-            "precision": precision, "device": str(device.type)}
+    row = cb.summary(module.device)
+    return {"name": name, **row, "images_per_s_min": row["images_per_s"], "images_per_s_max": row["images_per_s"],
+            "precision": precision}  # one run: no spread yet (run_configs adds it over repeats)
 
 
 def run_configs(configs: list[dict], make: Callable[[dict], tuple], steps: int, warmup: int = 5,

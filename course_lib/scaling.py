@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-import torch
 from lightning.fabric.accelerators.cuda import num_cuda_devices
 
 from . import config, runs
@@ -28,15 +26,10 @@ class DDPBenchCallback(BenchCallback):
     def on_train_end(self, trainer, pl_module) -> None:
         if not trainer.is_global_zero:
             return
-        dev, world = pl_module.device, trainer.world_size
-        peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else self.peak_rss
+        row, world = self.summary(pl_module.device), trainer.world_size
         # all ranks step in lock-step (the all-reduce waits for the slowest), so the total is rank 0's rate x world
-        self.out.write_text(json.dumps({
-            "images_per_s": self.throughput.compute()["device/samples_per_sec"] * world,
-            "step_ms": 1e3 * statistics.median(self.step_s), "peak_mem_mb": peak / 2**20,
-            "data_wait": sum(self.wait_s) / (sum(self.wait_s) + sum(self.step_s)), "warmup_s": self.warmup_s,
-            "steps": len(self.step_s), "batch_size": self.batch_size * world, "device": dev.type,
-            "processes": world}))
+        self.out.write_text(json.dumps({**row, "images_per_s": row["images_per_s"] * world,
+                                        "batch_size": row["batch_size"] * world, "processes": world}))
 
 
 def measure(make, devices: int, accelerator: str = "cpu", strategy: str = "auto", warmup: int = 3, steps: int = 10,
