@@ -16,7 +16,7 @@ from lightning.fabric.utilities.throughput import Throughput
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from . import config, runs
+from . import config, runs, verdict
 from .timing import DeviceTimer
 
 # dense bf16 tensor-core peaks in TFLOP/s from the vendors' data sheets; first matching name wins (order matters)
@@ -196,7 +196,7 @@ def saved_bytes_peak(step: Callable[[], object]) -> int:
 def table(rows: list[dict], fields: list[str] | None = None) -> str:
     """A markdown table of result rows (the given fields, default FIELDS), with the hardware and size under it."""
     cols = fields or [c for c in FIELDS + ["speedup", "repeats"] if c in rows[0]]
-    fmt = lambda v: f"{v:,.3g}" if isinstance(v, float) else str(v)  # noqa: E731
+    fmt = lambda v: verdict.number(v) if isinstance(v, float) else str(v)  # noqa: E731  (7,770, not 7.77e+03)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
     return "\n".join(lines) + f"\n\nHardware: {config.hardware_label()}; size {config.run_size().name}"

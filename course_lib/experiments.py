@@ -14,30 +14,7 @@ from . import bench, config, speedrun
 from .models import AirNet
 from .ondevice import SpeedrunDataModule
 from .timing import DeviceTimer
-
-
-def spread(values: list[float], fmt: str = "{:.2f}", unit: str = "") -> str:
-    """'mean ± std (min–max, n runs)' of repeated measurements; one value is reported as a single run."""
-    if len(values) == 1:
-        return f"{fmt.format(values[0])}{unit} (1 run)"
-    mean, std = statistics.mean(values), statistics.stdev(values)
-    return (f"{fmt.format(mean)}{unit} ± {fmt.format(std)}{unit} ({fmt.format(min(values))}–"
-            f"{fmt.format(max(values))}{unit}, {len(values)} runs)")
-
-
-def mean_diff(a: list[float], b: list[float], fmt: str = "{:+.2f}", unit: str = "") -> str:
-    """'mean(b) - mean(a) ± its standard error (sqrt(s_a²/n_a + s_b²/n_b)) (n_b and n_a runs)' of two sets of runs."""
-    d = statistics.mean(b) - statistics.mean(a)
-    se = (sum(statistics.variance(v) / len(v) for v in (a, b))) ** 0.5 if min(len(a), len(b)) > 1 else float("nan")
-    return f"{fmt.format(d)}{unit} ± {fmt.format(se).lstrip('+')}{unit} (standard error; {len(b)} and {len(a)} runs)"
-
-
-def mean_ratio(a: list[float], b: list[float]) -> str:
-    """'mean(b) / mean(a) ± its standard error (delta method)' of two sets of runs, e.g. times."""
-    r = statistics.mean(b) / statistics.mean(a)
-    rel = (sum(statistics.variance(v) / len(v) / statistics.mean(v) ** 2 for v in (a, b)) ** 0.5
-           if min(len(a), len(b)) > 1 else float("nan"))
-    return f"{r:.3f}x ± {r * rel:.3f}x (standard error; {len(b)} and {len(a)} runs)"
+from .verdict import mean_diff, mean_ratio, spread  # noqa: F401  (their home is verdict; scripts call them here)
 
 
 def run_seed(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, seed: int, epochs: float,
