@@ -175,13 +175,13 @@ class PruneAtStart(ModelPruning):
     the start of training; training then fine-tunes the survivors, and the end makes the zeros permanent."""
 
     def __init__(self, amount: float, **kwargs):
-        super().__init__("l1_unstructured", amount=amount, apply_pruning=False, use_global_unstructured=True,
-                         make_pruning_permanent=True, **kwargs)
+        super().__init__("l1_unstructured", amount=amount, parameter_names=["weight"], apply_pruning=False,
+                         use_global_unstructured=True, make_pruning_permanent=True, **kwargs)
         self.target = amount
 
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        self._parameters_to_prune = prunable(pl_module)  # not BatchNorm, whose weights would count by default
-        super().setup(trainer, pl_module, stage)
+    def filter_parameters_to_prune(self, parameters_to_prune=()):
+        """Conv and linear weights only (Lightning's hook for this): BatchNorm's weights would count by default."""
+        return [(m, name) for m, name in parameters_to_prune if isinstance(m, (nn.Conv2d, nn.Linear))]
 
     def on_train_start(self, trainer, pl_module) -> None:
         self.apply_pruning(self.target)

@@ -2,6 +2,7 @@
 augmented one image at a time by torchvision.transforms.v2 inside a DataLoader, as most tutorials build it."""
 from __future__ import annotations
 
+import copy
 import shutil
 from pathlib import Path
 
@@ -67,8 +68,8 @@ class JpegDataModule(L.LightningDataModule):
         if folder not in _FILE_LISTS:
             _FILE_LISTS[folder] = datasets.ImageFolder(f"{folder}/train")
         full = _FILE_LISTS[folder]
-        files = datasets.ImageFolder.__new__(datasets.ImageFolder)  # the same file list, this module's transform
-        files.__dict__.update(full.__dict__, transform=per_image_transform())
+        files = copy.copy(full)  # the same file list (no second scan of the folder), this module's transform
+        files.transform = per_image_transform()
         keep = torch.randperm(len(full), generator=torch.Generator().manual_seed(self.hparams.seed))
         self.train_set = Subset(files, keep[:self.hparams.subset or len(full)].tolist())
 
