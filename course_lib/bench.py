@@ -146,21 +146,24 @@ def bench(module: L.LightningModule, datamodule: L.LightningDataModule, name: st
 
 def run_configs(configs: list[dict], make: Callable[[dict], tuple], steps: int, warmup: int = 5,
                 repeats: int = 1) -> list[dict]:
-    """Bench each config (`make(cfg)` -> module, datamodule); with repeats, keep the run with the median images/s
-    and add the fastest and slowest repeat's (images_per_s_min, images_per_s_max: the spread) and the first
-    repeat's warm-up (first_warmup_s: compilation from cold caches lands there)."""
-    rows = []
-    for cfg in configs:
-        runs = []
-        for _ in range(repeats):
+    """Bench each config (`make(cfg)` -> module, datamodule) in `repeats` interleaved rounds (every config once
+    per round, so a drift of the machine hits all alike); keep the run with the median images/s and add the
+    fastest and slowest repeat's (images_per_s_min, images_per_s_max: the spread), every round's images/s in
+    round order (rounds: pair them across rows for verdict.compare(paired=True)) and the first round's warm-up
+    (first_warmup_s: compilation from cold caches lands there)."""
+    runs_of = [[] for _ in configs]
+    for _ in range(repeats):
+        for cfg, done in zip(configs, runs_of):
             module, dm = make(cfg)
-            runs.append(bench(module, dm, cfg["name"], steps, warmup, cfg.get("precision", "32-true"),
+            done.append(bench(module, dm, cfg["name"], steps, warmup, cfg.get("precision", "32-true"),
                               **cfg.get("trainer", {})))
-        first_warmup_s = runs[0]["warmup_s"]  # the only repeat that compiles cold: later ones hit the caches
-        runs.sort(key=lambda r: r["images_per_s"])
-        rows.append({**runs[len(runs) // 2], "images_per_s_min": runs[0]["images_per_s"],
-                     "images_per_s_max": runs[-1]["images_per_s"], "first_warmup_s": first_warmup_s,
-                     "repeats": repeats})
+    rows = []
+    for done in runs_of:
+        first_warmup_s, rounds = done[0]["warmup_s"], [r["images_per_s"] for r in done]  # round order
+        ranked = sorted(done, key=lambda r: r["images_per_s"])
+        rows.append({**ranked[len(ranked) // 2], "images_per_s_min": ranked[0]["images_per_s"],
+                     "images_per_s_max": ranked[-1]["images_per_s"], "first_warmup_s": first_warmup_s,
+                     "rounds": rounds, "repeats": repeats})
     return rows
 
 
