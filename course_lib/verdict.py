@@ -59,6 +59,17 @@ def ratio_range(a: Sequence[float], b: Sequence[float], paired: bool = False) ->
     return mid, min(a) / max(b), max(a) / min(b)
 
 
+def direction(a: Sequence[float], b: Sequence[float], *, higher_is_better: bool = True,
+              paired: bool = False) -> int | None:
+    """+1 when a beats b beyond the spread (the rule of compare), -1 when b beats a, 0 within noise, None when a
+    side has a single run (no spread to judge by)."""
+    if min(len(a), len(b)) < 2:
+        return None
+    _, lo, hi = ratio_range(a, b, paired)
+    sign = 1 if lo > 1 else -1 if hi < 1 else 0
+    return sign if higher_is_better else -sign
+
+
 def compare(a: Sequence[float], b: Sequence[float], name_a: str, name_b: str, *, higher_is_better: bool = True,
             paired: bool = False, better: str = "faster", worse: str = "slower") -> str:
     """'A is 1.7x faster than B (rounds 1.5–1.9x, n=3)', '... slower ...' or 'no difference beyond the spread'.

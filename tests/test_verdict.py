@@ -87,3 +87,12 @@ def test_spread_reports_one_run_as_such():
     """The seed-loop summary: mean ± std (min–max, n runs), and '(1 run)' alone."""
     assert verdict.spread([1.0, 2.0, 3.0]) == "2.00 ± 1.00 (1.00–3.00, 3 runs)"
     assert verdict.spread([1.5], unit=" s") == "1.50 s (1 run)"
+
+
+def test_direction_agrees_with_the_words():
+    """direction() is compare()'s decision as a number: +1 faster, -1 slower, 0 noise, None for one run."""
+    assert verdict.direction([170, 180, 175], [100, 105, 102]) == 1
+    assert verdict.direction([68, 67, 69], [100, 101, 99]) == -1
+    assert verdict.direction([103, 95, 108], [100, 97, 105]) == 0
+    assert verdict.direction([1.0, 1.1], [2.0, 2.1], higher_is_better=False) == 1
+    assert verdict.direction([200], [100]) is None
