@@ -10,9 +10,12 @@ NOISE = "no difference beyond the spread"
 
 
 def number(value: float, digits: int = 3) -> str:
-    """A plain number to `digits` significant figures, thousands separated, never in e-notation (7,770 not 7.77e+03)."""
+    """A plain number to `digits` significant figures, thousands separated (7,770 not 7.77e+03); only a magnitude
+    below 1e-4 (a rounding error, say) keeps e-notation, where plain digits would be a row of zeros."""
     if value == 0 or not math.isfinite(value):
         return f"{value:g}"
+    if abs(value) < 1e-4:
+        return f"{value:.{digits}g}"
     decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))
     return f"{round(value, decimals):,.{decimals}f}"
 

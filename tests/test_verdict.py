@@ -81,6 +81,7 @@ def test_number_is_plain():
     assert verdict.number(0.012345) == "0.0123"
     assert verdict.number(1.3549) == "1.35"
     assert "e" not in verdict.number(1.5e4)
+    assert verdict.number(2.24e-08) == "2.24e-08"  # a rounding error stays readable
 
 
 def test_spread_reports_one_run_as_such():
