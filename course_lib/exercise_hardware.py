@@ -137,34 +137,64 @@ def check_06_allreduce(average_gradients, target: float = 3.0, world: int = 2) -
     return bool(fast and same)
 
 
-def check_07_inference(serve, target: float = 1.5, min_agreement: float = 0.9) -> bool:
-    """Lesson 07: serve(model, calibration) -> a callable on (64, 3, 32, 32) batches, against eager fp32 at batch 64;
-    the served model must predict fp32's top-1 class on >= min_agreement of a held-out batch."""
-    import statistics
+def int8_graph_report(program) -> tuple[int, int]:
+    """(int8 tensors held, quantize/dequantize calls) of a converted torch.fx graph; (0, 0) for anything else."""
+    import torch
 
+    if not isinstance(program, torch.fx.GraphModule):
+        return 0, 0
+    int8 = sum(t.dtype == torch.int8 for t in program.state_dict().values())
+    qdq = sum(n.op == "call_function" and "quantize" in str(n.target) for n in program.graph.nodes)
+    return int8, qdq
+
+
+def check_07_inference(quantize: Callable, model, calibration: list, held_out, target: float = 1.5,
+                       min_agreement: float = 0.9, batches: int = 8, measure: bool = True) -> bool:
+    """Lesson 07: quantize(model, calibration) must return the learner's own int8 program (a converted graph with
+    int8 weights and quantize/dequantize ops, not course_lib's quantize_ptq); compiled by the check
+    (compress.compile_for_cpu), it must predict the trained fp32 model's class on >= min_agreement of up to
+    `batches` held-out batches of real images and answer batch 64 >= `target`x faster than eager fp32."""
     import torch
 
     from . import compress, config
-    from .models import ResNet9
+    from .exercise import forbidden, mechanism
     from .timing import time_calls
 
-    size = config.run_size("07_quantization")
-    torch.manual_seed(0)
-    net = ResNet9(width=max(8, round(64 * size.width))).eval()
-    g = torch.Generator().manual_seed(1)
-    calibration = [torch.randn(64, 3, 32, 32, generator=g) for _ in range(2)]
-    held_out = torch.randn(64, 3, 32, 32, generator=g)  # not among the calibration batches
-    fast = serve(net, calibration)
+    model = model.cpu().eval()
+    with forbidden(compress.quantize_ptq, compress.prepare_qat, compress.convert_qat,
+                   compress.quantize_linear_int8) as library:
+        program = quantize(model, calibration)
+    int8, qdq = int8_graph_report(program)
+    problems = [f"it calls course_lib's finished version ({', '.join(sorted(set(library)))}): write the PT2E "
+                f"steps yourself"] if library else []
+    if not (int8 and qdq):
+        problems.append(f"the returned program has {int8} int8 tensors and {qdq} quantize/dequantize ops: return "
+                        f"the converted graph (export, prepare_pt2e, calibrate, convert_pt2e), not a compiled or "
+                        f"fp32 model")
+    if not mechanism("Exercise 2", problems):
+        return False
+    print(f"Exercise 2: {int8} int8 tensors and {qdq} quantize/dequantize ops in your graph; int8 dot-product "
+          f"unit: {'VNNI/AMX' if compress.has_vnni() else 'none (AVX2)'}")
+    x64 = next(iter(held_out))[0][:64]  # (64, 3, 32, 32) real held-out images
+    served = compress.compile_for_cpu(program, x64)  # Inductor with freezing: the int8 kernels
+    same = seen = 0
     with torch.no_grad():
-        agree = (fast(held_out).argmax(1) == net(held_out).argmax(1)).float().mean().item()
-    print(f"Exercise 07: the served model agrees with fp32 on {agree:.0%} of a held-out batch "
-          f"(needs >= {min_agreement:.0%}); int8 dot-product unit: {'VNNI' if compress.has_vnni() else 'none (AVX2)'}")
-    calls = max(5, size.bench_steps)
+        for i, (x, _) in enumerate(held_out):
+            if i == batches:
+                break
+            same += (served(x).argmax(1) == model(x).argmax(1)).sum().item()
+            seen += len(x)
+    agree = same / seen
+    print(f"Exercise 2: your int8 model predicts the trained fp32 model's class on {agree:.1%} of {seen} held-out "
+          f"images (needs >= {min_agreement:.0%})")
+    if not measure:
+        return agree >= min_agreement
+    calls = max(5, config.run_size("07_quantization").bench_steps)
 
     def cost(fn):
         with torch.no_grad():
-            return statistics.median(time_calls(lambda: fn(held_out), calls, warmup=2))
+            return statistics.median(time_calls(lambda: fn(x64), calls, warmup=2))
 
-    passed = ratio_check("Exercise 07", lambda: cost(fast), lambda: cost(net), target, 3,
-                         what="latency at batch 64", hardware=config.hardware_label())
-    return bool(passed and agree >= min_agreement)
+    fast = ratio_check("Exercise 2", lambda: cost(served), lambda: cost(model), target, 3,
+                       what="latency at batch 64", hardware=config.hardware_label())
+    return bool(fast and agree >= min_agreement)

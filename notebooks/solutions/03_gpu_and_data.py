@@ -1,15 +1,49 @@
-"""Reference solution for lesson 03's exercise: the decoded uint8 cache (no JPEG decoding per step) with batch-wise
-augmentation; on a GPU, the whole split and its augmentation on the device."""
+"""Reference solution for lesson 03's exercise: decode the JPEG files once, in setup, into one uint8 tensor, then
+cut each batch from it and augment it as a batch (on the GPU where there is one: no copies, no workers)."""
+import lightning as L
 import torch
 
-from course_lib import runs
+from course_lib import jpeg
+from course_lib.data import augment_batch, decode_image, to_float
 
-LESSON = "03_gpu_and_data"
+
+class DecodedOnce(L.LightningDataModule):
+    """The first `subset` JPEG files decoded once into (N, 3, 32, 32) uint8; batches by indexing, augmented whole."""
+
+    def __init__(self, batch_size: int, subset: int):
+        super().__init__()
+        self.batch_size, self.subset, self.images = batch_size, subset, None
+
+    def setup(self, stage=None):
+        if self.images is not None:  # fit calls setup again: keep what the first call decoded
+            return
+        files = jpeg.JpegDataModule(self.batch_size, subset=self.subset)
+        files.setup()  # the same seeded file list the JPEG pipeline reads
+        samples = [files.train_set.dataset.samples[i] for i in files.train_set.indices]  # (path, label) pairs
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.images = torch.stack([decode_image(path) for path, _ in samples]).to(device)  # decoded once
+        self.labels = torch.tensor([label for _, label in samples], device=device)
+
+    def train_dataloader(self):
+        return Batches(self.images, self.labels, self.batch_size)
 
 
-def make_data(batch_size: int):
-    """A DataModule that keeps the training step fed: the decoded cache in-process, or the whole split on the GPU."""
-    if torch.cuda.is_available():  # augmentation on the device, no copies, no workers
-        return runs.datamodule(LESSON, kind="device", batch_size=batch_size, augment=True)
-    # on a CPU the step and any worker share the same cores; measured on 2 cores, workers made this slower
-    return runs.datamodule(LESSON, batch_size=batch_size, augment=True, num_workers=0)
+class Batches:
+    """One epoch of batches cut from the uint8 tensors in a fresh random order, augmented a batch at a time."""
+
+    def __init__(self, images, labels, batch_size: int):
+        self.images, self.labels, self.batch_size = images, labels, batch_size
+
+    def __len__(self):
+        return len(self.labels) // self.batch_size  # full batches only: every step has the same shape
+
+    def __iter__(self):
+        order = torch.randperm(len(self.labels), device=self.labels.device)
+        for i in range(len(self)):
+            idx = order[i * self.batch_size:(i + 1) * self.batch_size]
+            yield to_float(augment_batch(self.images[idx])), self.labels[idx]  # (B, 3, 32, 32) float, (B,)
+
+
+def make_data(batch_size: int, subset: int):
+    """A DataModule that keeps the training step fed: the JPEG subset decoded once, batched by indexing."""
+    return DecodedOnce(batch_size, subset)

@@ -1,8 +1,16 @@
-"""Reference solution, lesson 07 exercise 1: int8 post-training quantization, compiled to oneDNN int8 kernels."""
+"""Reference solution, lesson 07 exercise 2: post-training static int8 by the PT2E steps, written out (export,
+observers from the x86 quantizer, calibration, conversion); the check compiles the result to oneDNN int8 kernels."""
+import torch
+from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
 from course_lib import compress
 
 
-def serve(model, calibration):
-    """A callable on (64, 3, 32, 32) batches: PT2E static int8 calibrated on `calibration`, compiled with freezing."""
-    quantized = compress.quantize_ptq(model, calibration)  # export, observers, calibration, convert
-    return compress.compile_for_cpu(quantized, calibration[0])  # compiled once here, at batch 64
+def quantize(model, calibration):
+    """The int8 program: a graph with int8 weights and quantize/dequantize ops, calibrated on `calibration`."""
+    graph = compress.export(model.eval()).module()  # torch.export, dynamic batch dimension
+    prepared = prepare_pt2e(graph, compress.x86_quantizer())  # BatchNorm folded, observers inserted
+    with torch.no_grad():
+        for x in calibration:  # (B, 3, 32, 32) training images: each observer records its activation's range
+            prepared(x)
+    return convert_pt2e(prepared)  # int8 weights, quantize/dequantize around each int8 op

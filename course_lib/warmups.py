@@ -1,0 +1,97 @@
+"""The warm-up exercises' answers: each check computes the expected value here, from the lesson's objects, so the
+notebook's check call never shows it. An answer of None means not attempted yet (nothing is computed)."""
+from __future__ import annotations
+
+import math
+
+from .exercise import check
+
+
+def _ask(name: str, answer, expected, rel_tol: float):
+    """exercise.check, computing `expected()` only for an attempted answer (some answers are measurements)."""
+    return check(name, None, None) if answer is None else check(name, answer, expected(), rel_tol=rel_tol)
+
+
+def steps_per_epoch(name: str, answer, dm):
+    """Optimiser steps in one training epoch of a DataModule (the last batch may be partial)."""
+    return _ask(name, answer, lambda: len(dm.train_dataloader()), 0)
+
+
+def matmul_seconds(name: str, answer, device: str, n: int = 4096):
+    """Seconds of one fp32 n x n matmul on `device`, measured now (median of 3 after a warm-up); within 50 %."""
+    def measure():
+        import statistics
+
+        import torch
+
+        from . import timing
+
+        a = torch.randn(n, n, device=device)
+        return statistics.median(timing.time_calls(lambda: a @ a, repeats=3, warmup=1, device=device))
+    return _ask(name, answer, measure, 0.5)
+
+
+def most_confused(name: str, answer, cm, classes: list[str], true_class: str = "cat"):
+    """The class most often predicted for images of `true_class`, apart from itself, from a confusion matrix."""
+    def expected():
+        row = cm[classes.index(true_class)].clone()  # (classes,) predictions for that true class
+        row[classes.index(true_class)] = -1  # leave out the correct answer
+        return classes[int(row.argmax())]
+    return _ask(name, answer, expected, 0)
+
+
+def optimizer_steps(name: str, answer, trainer):
+    """Optimiser steps a Trainer has taken."""
+    return _ask(name, answer, lambda: trainer.global_step, 0)
+
+
+def best_checkpoint_accuracy(name: str, answer, trainer, ckpt, dm):
+    """Test accuracy of the best checkpoint, computed now with trainer.test; within 1 %."""
+    return _ask(name, answer, lambda: trainer.test(ckpt_path=ckpt.best_model_path, datamodule=dm,
+                                                   verbose=False)[0]["test_acc"], 0.01)
+
+
+def scaled_lr(name: str, answer, batch: int, base_lr: float, base_batch: int):
+    """The linear scaling rule: the learning rate grows with the batch."""
+    return _ask(name, answer, lambda: base_lr * batch / base_batch, 0.01)
+
+
+def fp16_loss_scale(name: str, answer, gradient: float = 1e-10):
+    """The smallest power-of-two loss scale that lifts `gradient` to fp16's smallest normal number or above."""
+    import torch
+
+    smallest = torch.finfo(torch.float16).smallest_normal
+    return _ask(name, answer, lambda: 2.0 ** math.ceil(math.log2(smallest / gradient)), 1e-6)
+
+
+def bf16_values_in_octave(name: str, answer):
+    """How many bf16 numbers lie in [1, 2): one per mantissa pattern."""
+    import torch
+
+    return _ask(name, answer, lambda: round(1 / torch.finfo(torch.bfloat16).eps), 0)
+
+
+def images_per_optimizer_step(name: str, answer, devices: int, per_device: int, accumulate: int):
+    """Images one optimiser step averages over, asked of a Trainer built (not started) on CPU processes."""
+    def expected():
+        import lightning as L
+
+        planned = L.Trainer(accelerator="cpu", devices=devices, strategy="ddp_notebook",
+                            accumulate_grad_batches=accumulate, logger=False)
+        return planned.world_size * planned.accumulate_grad_batches * per_device
+    return _ask(name, answer, expected, 0)
+
+
+def distributed_steps(name: str, answer, n: int, replicas: int, batch: int, seed: int):
+    """Optimiser steps per epoch for rank 0 of `replicas` processes over n samples, as DistributedSampler pads it."""
+    def expected():
+        from torch.utils.data import DataLoader, DistributedSampler
+
+        rank0 = DistributedSampler(range(n), num_replicas=replicas, rank=0, shuffle=True, seed=seed)
+        return len(DataLoader(range(n), batch_size=batch, sampler=rank0))
+    return _ask(name, answer, expected, 0)
+
+
+def images_per_second(name: str, answer, batch: int, ms_per_call: float):
+    """Images per second from one call's latency at a batch size; within 5 %."""
+    return _ask(name, answer, lambda: batch / (ms_per_call / 1e3), 0.05)
