@@ -141,3 +141,23 @@ def target(values: Sequence[float], goal: float, name: str, *, higher_is_better:
            f"{sum(map(past, values))} of {len(values)} runs at or past it)")
     single = "; a single run, so no spread" if len(values) == 1 else ""
     return f"{name} {verdict} the target of {word} {fmt.format(goal)}{unit}: {rng}{single}"
+
+
+def paired_accuracy(correct_a: Sequence[bool], correct_b: Sequence[bool], name_a: str, name_b: str) -> str:
+    """Accuracy of two models on the same test images, 'A is 1.20 pt lower than B' only when the gap exceeds twice
+    its paired standard error, sqrt(images where exactly one is right) / N (McNemar); else within noise.
+
+    This is the test set's sampling noise for these two trained models; a retrained model moves further (a seed
+    spread measures that), so the line says it is one training run each."""
+    if len(correct_a) != len(correct_b) or not correct_a:
+        raise ValueError("A paired accuracy verdict needs per-image results on the same, non-empty test set.")
+    n = len(correct_a)
+    acc_a, acc_b = 100 * sum(map(bool, correct_a)) / n, 100 * sum(map(bool, correct_b)) / n
+    discordant = sum(bool(x) != bool(y) for x, y in zip(correct_a, correct_b))
+    band, d = 2 * 100 * math.sqrt(discordant) / n, acc_a - acc_b
+    where = f"{n:,} test images, {discordant} on which only one is right; one training run each"
+    if abs(d) > band:
+        return (f"{name_a} is {abs(d):.2f} pt {'higher' if d > 0 else 'lower'} than {name_b} "
+                f"({acc_a:.2f} % vs {acc_b:.2f} %, noise band ± {band:.2f} pt; {where})")
+    return (f"{name_a} vs {name_b}: {NOISE} ({acc_a:.2f} % vs {acc_b:.2f} %, {d:+.2f} pt within ± {band:.2f} pt; "
+            f"{where})")

@@ -97,3 +97,23 @@ def test_direction_agrees_with_the_words():
     assert verdict.direction([103, 95, 108], [100, 97, 105]) == 0
     assert verdict.direction([1.0, 1.1], [2.0, 2.1], higher_is_better=False) == 1
     assert verdict.direction([200], [100]) is None
+
+
+def test_paired_accuracy_counts_only_the_images_that_differ():
+    """Same 1,000 images: 30 more right of 40 discordant is a difference; 3 more of 40 is within the test noise."""
+    base = [True] * 500 + [False] * 500
+    better = base[:]
+    for i in range(500, 535):  # 35 images B gets wrong and A right ...
+        better[i] = True
+    for i in range(0, 5):  # ... and 5 the other way: +30 images, 40 discordant
+        better[i] = False
+    assert verdict.paired_accuracy(better, base, "pruned", "fp32").startswith("pruned is 3.00 pt higher than fp32")
+    close = base[:]
+    for i in range(500, 522):
+        close[i] = True
+    for i in range(0, 18):
+        close[i] = False
+    text = verdict.paired_accuracy(close, base, "QAT", "PTQ")
+    assert verdict.NOISE in text and "+0.40 pt" in text and "one training run each" in text
+    with pytest.raises(ValueError, match="same"):
+        verdict.paired_accuracy([True], [True, False], "a", "b")
