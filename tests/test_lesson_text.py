@@ -1,4 +1,4 @@
-"""Lesson markdown quotes no figure of one machine's run: speeds, step times, bandwidths, FLOP rates and decimal
+"""Lesson markdown (00-08) quotes no figure of one machine's run: speeds, step times, bandwidths, FLOP rates and decimal
 ratios are printed by code from the reader's run. A target ("at least 2x") passes, and so does an outside figure
 with its source link on the same line. The same rule as the before-stop hook's check (/work/shared/hooks)."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-LESSONS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("0[1-8]_*.ipynb"))
+LESSONS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("0[0-8]_*.ipynb"))
 
 # a measured-looking figure: a number with a speed/time/bandwidth/FLOP-rate unit, or a ratio with decimals (1.35x)
 FIGURE = re.compile(r"(?<![\w.×])(\d[\d,]*(?:\.\d+)?\s?(?:img/s|images/s|samples/s|ms\b|µs\b|GB/s|MB/s|"
@@ -33,7 +33,7 @@ def quoted_figures(markdown: str) -> list[str]:
 
 @pytest.mark.parametrize("path", LESSONS, ids=[p.stem for p in LESSONS])
 def test_lesson_markdown_quotes_no_measured_figure(path):
-    """Every markdown cell of lessons 01-08 passes quoted_figures."""
+    """Every markdown cell of lessons 00-08 passes quoted_figures."""
     found = [f"cell {i}: {line[:120]}" for i, cell in enumerate(json.loads(path.read_text())["cells"])
              if cell["cell_type"] == "markdown" for line in quoted_figures("".join(cell["source"]))]
     assert not found, "print these from the run (course_lib.verdict) or link their source:\n" + "\n".join(found)
