@@ -1,20 +1,44 @@
-# The two commands of the README, plus helpers. Both create .venv on first use (about 3 minutes, 6 GB).
+# The two commands of the README, plus helpers. Both create .venv on first use (about 6 GB, mostly PyTorch with CUDA).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# Every package of the course's own environment, pinned with hashes (make lock writes it from pyproject.toml).
+LOCK   := requirements/lock.txt
+# uv installs the lock much faster where it is installed; plain pip otherwise (make UV= forces pip).
+UV     ?= $(shell command -v uv 2>/dev/null)
+# make lock LOCK_FLAGS=--upgrade also moves every transitive pin to its newest release that fits.
+LOCK_FLAGS ?=
 # Data: COURSE_DATA if set, else ../shared/data/cifar10-jpeg where it exists, else torchvision's download
 # (course_lib.config.data_source decides, for the lessons, the CLI, the scripts and the tests alike).
 
-.PHONY: course test lessons lab venv clean
+.PHONY: course test lessons lab venv lock clean
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The lock first (hash-checked: pip refuses any file whose hash the lock does not list, and any package it does not
+# pin; with plain pip, the lock's pip goes in first), then the course itself, editable, built by the lock's setuptools.
+$(STAMP): pyproject.toml $(LOCK)
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+		{ echo "The course needs Python 3.11 or newer; $(PYTHON) is $$($(PYTHON) -V 2>&1). Run: make PYTHON=python3.11 ..."; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e .
+ifneq ($(UV),)
+	$(UV) pip install --python $(BIN)/python --require-hashes -r $(LOCK)
+	$(UV) pip install --python $(BIN)/python --no-deps --no-build-isolation -e .
+else
+	awk '/^pip==/ {f = 1} f {print} f && !/\\$$/ {exit}' $(LOCK) > $(VENV)/pip-lock.txt
+	$(BIN)/python -m pip install -q --require-hashes --no-deps -r $(VENV)/pip-lock.txt
+	$(BIN)/python -m pip install -q --require-hashes -r $(LOCK)
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
+endif
 	touch $(STAMP)
+
+## Re-pin requirements/lock.txt from pyproject.toml: each direct dependency at its lower bound (so CI tests the
+## floors), everything else at the newest release that fits, for every platform, with hashes. Then run make test.
+lock:
+	@test -n "$(UV)" || { echo "make lock needs uv: pip install uv (or pipx install uv), or make lock UV=/path/to/uv"; exit 1; }
+	$(UV) pip compile pyproject.toml --extra dev --universal --resolution lowest-direct --generate-hashes \
+		--custom-compile-command "make lock" $(LOCK_FLAGS) -o $(LOCK)
 
 ## Run every lesson top to bottom (COURSE_SIZE=full unless set); executed notebooks and summary go to build/.
 course: $(STAMP)

@@ -1,16 +1,20 @@
-"""Packaging and repository hygiene: dependency lists agree, the size switch, the repo URL, safe loading."""
+"""Packaging and repository hygiene: dependency lists and the lock, the size switch, the repo URL, safe loading."""
 from __future__ import annotations
 
 import ast
+import importlib.metadata
+import importlib.util
 import json
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 import yaml
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from course_lib import config
 
@@ -26,32 +30,92 @@ def requirement_table(lines) -> dict:
     return table
 
 
-def test_environment_yml_pip_list_equals_pyproject_dependencies():
-    """environment.yml's pip section (minus `-e .`) names the same packages and versions as pyproject.toml."""
-    env = yaml.safe_load((REPO / "environment.yml").read_text())
+def environment_yml() -> dict:
+    """environment.yml, parsed."""
+    return yaml.safe_load((REPO / "environment.yml").read_text())
+
+
+def test_environment_yml_installs_the_course_with_its_dev_extra():
+    """environment.yml's pip section is the course itself with [dev]: pyproject.toml is the one list of ranges."""
+    env = environment_yml()
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
-    assert "-e ." in pip  # the course itself is installed editable
-    assert requirement_table([p for p in pip if p != "-e ."]) == requirement_table(PYPROJECT["project"]["dependencies"])
+    assert pip == ["-e .[dev]"]
+
+
+def test_one_python_floor_everywhere():
+    """requires-python, ruff's target-version, environment.yml and the README all name Python 3.11 (tomllib)."""
+    assert SpecifierSet(PYPROJECT["project"]["requires-python"]) == SpecifierSet(">=3.11")
+    assert PYPROJECT["tool"]["ruff"]["target-version"] == "py311"
+    assert "python=3.11" in environment_yml()["dependencies"]
+    readme = (REPO / "README.md").read_text()
+    assert "Python 3.11" in readme and not re.search(r"Python 3\.(?:[0-9]|10)\b", readme)
 
 
 def test_requirement_table_sees_specifier_differences():
-    """The comparison above notices a changed bound or a missing extra."""
+    """The comparison below notices a changed bound or a missing extra."""
     assert requirement_table(["lightning>=2.4,<3"]) == requirement_table(["Lightning<3, >=2.4"])
     assert requirement_table(["lightning>=2.4,<3"]) != requirement_table(["lightning>=2.4"])
     assert requirement_table(["jsonargparse[signatures]>=4.27"]) != requirement_table(["jsonargparse>=4.27"])
 
 
 COMPROMISED_LIGHTNING = ("2.6.2", "2.6.3")  # malicious PyPI releases: GHSA-w37p-236h-pfx3, Lightning issue #21691
+LOCK = REPO / "requirements" / "lock.txt"
 
 
-def test_both_dependency_lists_exclude_the_compromised_lightning_releases():
-    """pyproject.toml and environment.yml admit current Lightning 2.x but never 2.6.2 or 2.6.3."""
-    env = yaml.safe_load((REPO / "environment.yml").read_text())
-    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
-    for lines in (PYPROJECT["project"]["dependencies"], [p for p in pip if p != "-e ."]):
-        _, spec = requirement_table(lines)["lightning"]
-        assert not any(spec.contains(v) for v in COMPROMISED_LIGHTNING), spec
-        assert spec.contains("2.6.6") and spec.contains("2.4.0"), spec
+def lock_pins() -> dict[str, tuple[str, list[str]]]:
+    """{normalised name: (pinned version, [sha256 hashes])} of requirements/lock.txt (one entry per marker branch)."""
+    pins: dict[str, list] = {}
+    for block in re.split(r"\n(?=[A-Za-z0-9])", LOCK.read_text()):
+        if block.startswith("#") or not block.strip():
+            continue
+        req = Requirement(block.split("\\")[0].strip())
+        (spec,) = req.specifier  # exactly one ==
+        assert spec.operator == "==", block[:80]
+        pins.setdefault(canonicalize_name(req.name), []).append((spec.version, re.findall(r"sha256:([0-9a-f]{64})",
+                                                                                            block)))
+    return pins
+
+
+def test_lightning_ranges_exclude_the_compromised_releases():
+    """pyproject.toml admits current Lightning 2.x but never 2.6.2 or 2.6.3, and the lock pins neither."""
+    _, spec = requirement_table(PYPROJECT["project"]["dependencies"])["lightning"]
+    assert not any(spec.contains(v) for v in COMPROMISED_LIGHTNING), spec
+    assert spec.contains("2.6.6") and not spec.contains("3.0.0"), spec
+    assert all(v not in COMPROMISED_LIGHTNING for name in ("lightning", "pytorch-lightning")
+               for v, _ in lock_pins()[name])
+
+
+def test_lock_pins_every_package_with_hashes():
+    """Every entry of the lock is one == pin with at least one sha256 (pip --require-hashes needs both)."""
+    pins = lock_pins()
+    assert len(pins) > 50  # torch's CUDA wheels, Lightning, JupyterLab: not a stub
+    assert all(hashes for entries in pins.values() for _, hashes in entries)
+
+
+def test_lock_holds_every_declared_dependency_at_its_lower_bound():
+    """The lock (what CI tests) pins each direct dependency, runtime and dev, at exactly its lower bound: the floors
+    in pyproject.toml are the versions that were installed and tested. make lock keeps it so (lowest-direct)."""
+    pins = lock_pins()
+    declared = PYPROJECT["project"]["dependencies"] + PYPROJECT["project"]["optional-dependencies"]["dev"]
+    for name, (_, spec) in requirement_table(declared).items():
+        floors = [s.version for s in spec if s.operator == ">="]
+        assert len(floors) == 1, f"{name} needs one lower bound: {spec}"
+        assert [v for v, _ in pins[name]] == floors, f"{name}: lock {pins[name][0][0]}, floor {floors[0]}"
+
+
+def test_torch_torchvision_and_torchao_floors_are_built_for_each_other():
+    """torchvision 0.N is the release for torch 2.(N-15), and torch's floor is one that the floor torchao loads its
+    C++ kernels with (torchao states its minimum torch in its __init__; this environment holds the lock's torchao)."""
+    runtime = requirement_table(PYPROJECT["project"]["dependencies"])
+    floor = {name: Version(next(s.version for s in runtime[name][1] if s.operator == ">="))
+             for name in ("torch", "torchvision", "torchao")}
+    assert floor["torchvision"].minor == floor["torch"].minor + 15
+    assert Version(importlib.metadata.version("torchao")) == floor["torchao"]
+    init = Path(importlib.util.find_spec("torchao").origin).read_text()
+    found = re.search(r'min_torch_version = _parse_version\("([0-9.]+)"\)', init)
+    if found is None:
+        pytest.skip("this torchao states no minimum torch version in its __init__")
+    assert floor["torch"] >= Version(found[1]), f"torchao {floor['torchao']} needs torch >= {found[1]}"
 
 
 @pytest.mark.parametrize("value, name, subset", [("smoke", "smoke", 2048), (" FULL ", "full", None)])
