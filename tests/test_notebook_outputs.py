@@ -49,6 +49,40 @@ def test_committed_outputs_carry_no_noise(path):
     assert not found, "\n".join(found)
 
 
+# a figure a table should print in plain digits (7,770 images/s), not as 7.77e+03; 1e-8 rounding errors may stay
+E_NOTATION = re.compile(r"(?<![\w.])\d\.\d+e\+0[3-9]\b")
+# the words course_lib.verdict prints: every lesson that measures states at least one verdict from its run
+VERDICT = re.compile(r"x (faster|slower) than|no difference beyond the spread|pt (higher|lower) than|"
+                     r"(meets|misses) the target|in a single run: one run cannot show the spread")
+MEASURED = [p for p in NOTEBOOKS if p.stem[:2] in {f"{n:02d}" for n in range(1, 9)}]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_committed_figures_are_plain_numbers(path):
+    """No output prints a measured figure in e-notation where plain digits read better (7.77e+03)."""
+    found = [f"cell {i}: {m.group(0)!r} in {text[max(0, m.start() - 60):m.end() + 20]!r}"
+             for i, text in output_texts(path) for m in [E_NOTATION.search(text)] if m]
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("path", MEASURED, ids=[p.stem for p in MEASURED])
+def test_committed_lessons_print_their_verdicts(path):
+    """Lessons 01-08 print at least one verdict in course_lib.verdict's words, from the run itself."""
+    assert any(VERDICT.search(text) for _, text in output_texts(path)), f"{path.name}: no verdict line printed"
+
+
+def test_the_verdict_and_notation_patterns():
+    """The patterns fire on verdict.py's own wording and on e-notation, and stay quiet on plain figures."""
+    from course_lib import verdict
+
+    assert VERDICT.search(verdict.compare([2, 2.1], [1, 1.1], "a", "b"))
+    assert VERDICT.search(verdict.compare([1, 1.1], [1.05, 1.0], "a", "b"))
+    assert VERDICT.search(verdict.target([2.5], 2, "a")) and VERDICT.search(verdict.compare([2], [1], "a", "b"))
+    assert VERDICT.search(verdict.paired_accuracy([True, False], [False, False], "a", "b"))
+    assert E_NOTATION.search("| eager | 1.54e+04 |") and not E_NOTATION.search("| eager | 15,400 | 2.24e-08 |")
+    assert not E_NOTATION.search("largest 3.4e+38")
+
+
 def test_the_scan_finds_each_kind_of_noise():
     """Each pattern fires on a sample of the noise it names and stays quiet on a clean line."""
     samples = {"Lightning's litlogger/litmodels tip": "💡 Tip: For seamless cloud logging, try installing litlogger",
