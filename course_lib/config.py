@@ -235,6 +235,19 @@ def choose_precision(requested: str | None = None, info: dict | None = None) -> 
     return requested
 
 
+def set_tf32(on: bool | None) -> None:
+    """TF32 for fp32 matrix products and convolutions (GPUs of compute capability >= 8.0), through one API only:
+    the per-backend fp32_precision settings where this torch has them (2.9+; mixing them with the legacy
+    allow_tf32 / set_float32_matmul_precision raises), else the legacy pair. None: PyTorch's defaults (full-fp32
+    matrix products, TF32 convolutions)."""
+    matmul, conv = ("ieee", "tf32") if on is None else ("tf32", "tf32") if on else ("ieee", "ieee")
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = matmul, conv
+    else:
+        torch.set_float32_matmul_precision("high" if matmul == "tf32" else "highest")
+        torch.backends.cudnn.allow_tf32 = conv == "tf32"
+
+
 def check_devices(accelerator, devices) -> None:
     """Fail early, naming the remedy, when a launch asks for more GPUs than this machine has."""
     if not isinstance(accelerator, str) or not str(devices).isdigit():

@@ -75,7 +75,7 @@ def compare_twin(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, run: d
     diff = (run["losses"] - twin["losses"]).abs()
     first = min(10, len(diff))
     acc = speedrun.evaluate_tta(twin["net"], dm.test_set.images, dm.test_set.labels, module.hparams.tta_level,
-                                batch_size=dm.eval_batch_size, bf16=precision == "bf16-mixed")
+                                batch_size=dm.eval_batch_size, precision=precision)
     tested = clock.mark()
     return {"ratio": lit_epoch / twin_epoch, "lit_epoch_s": lit_epoch, "twin_epoch_s": twin_epoch,
             "twin_fit_s": clock.seconds(start, fitted), "twin_test_s": clock.seconds(fitted, tested),

@@ -43,17 +43,28 @@ class AlternatingFlipTranslate:
 
 
 class DeviceBatches:
-    """Normalised float batches cut from uint8 images already on the device: no DataLoader, workers or copies."""
+    """Normalised float batches cut from uint8 images already on the device: no DataLoader, workers or copies.
+
+    Under DDP each of `num_replicas` processes takes its own share, as DistributedSampler splits a DataLoader: the
+    epoch's order (one seeded shuffle, the same on every rank), padded with its first indices to a multiple of the
+    world size, then every num_replicas-th index from `rank`. Lightning shards only real DataLoaders, so an unsharded
+    DeviceBatches refuses to run in a process group of several."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, shuffle: bool = False,
                  seed: int = 0, augment: Augment | None = None, drop_last: bool = False,
-                 mean: tuple | None = CIFAR10_MEAN, std: tuple | None = CIFAR10_STD):
+                 mean: tuple | None = CIFAR10_MEAN, std: tuple | None = CIFAR10_STD, num_replicas: int = 1,
+                 rank: int = 0):
         if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[1] != 3 or len(images) != len(labels):
             raise ValueError(f"DeviceBatches needs uint8 images (N, 3, H, W) and N labels; got {images.dtype} "
                              f"{tuple(images.shape)} and {len(labels)} labels.")
-        if batch_size < 1 or (drop_last and batch_size > len(labels)):
-            raise ValueError(f"batch_size {batch_size} must be between 1 and the {len(labels)} images: with "
-                             f"drop_last an epoch needs at least one full batch.")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} must be in [0, num_replicas={num_replicas}).")
+        self.num_replicas, self.rank = num_replicas, rank
+        shard = -(-len(labels) // num_replicas)  # images per rank, padded as DistributedSampler pads
+        if batch_size < 1 or (drop_last and batch_size > shard):
+            raise ValueError(f"batch_size {batch_size} must be between 1 and the {shard} images of this rank's share "
+                             f"({len(labels)} images over {num_replicas} process(es)): with drop_last an epoch needs "
+                             f"at least one full batch.")
         self.images, self.labels, self.batch_size = images, labels, batch_size
         self.shuffle, self.augment, self.drop_last = shuffle, augment, drop_last
         self.sampler = EpochSampler(len(labels), seed)  # Lightning finds .sampler and calls set_epoch on it
@@ -66,12 +77,27 @@ class DeviceBatches:
         self.sampler.set_epoch(epoch)
 
     def __len__(self) -> int:  # drop_last: every step has the same shape (what compiled graphs want)
-        n = len(self.labels)
+        n = -(-len(self.labels) // self.num_replicas)  # this rank's share
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
+    def shard(self) -> torch.Tensor:
+        """This rank's dataset indices for the current epoch, in order (all of them on one process)."""
+        order = self.sampler.permutation() if self.shuffle else torch.arange(len(self.labels))
+        if self.num_replicas > 1:
+            total = -(-len(order) // self.num_replicas) * self.num_replicas
+            order = torch.cat([order, order[: total - len(order)]])[self.rank::self.num_replicas]
+        return order
+
     def __iter__(self):
+        dist = torch.distributed
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        if self.num_replicas == 1 and world > 1:
+            raise RuntimeError(f"DeviceBatches was built for one process but runs in a process group of {world}: "
+                               f"every rank would train on the same images. Build it with "
+                               f"num_replicas=trainer.world_size, rank=trainer.global_rank (the course's device "
+                               f"DataModules do), or use a DataLoader, which Lightning shards itself.")
         dev, epoch = self.images.device, self.sampler.epoch
-        order = (self.sampler.permutation() if self.shuffle else torch.arange(len(self.labels))).to(dev)
+        order = self.shard().to(dev)
         for i in range(len(self)):
             idx = order[i * self.batch_size:(i + 1) * self.batch_size]  # images and labels share the indices
             x = self.images[idx].float()  # (B, 3, H, W) pixels, gathered on the device
@@ -101,9 +127,10 @@ class DeviceCIFAR10DataModule(CIFAR10DataModule):
         """One split as DeviceBatches with this module's normalisation."""
         hp = self.hparams
         mean, std = (hp.mean, hp.std) if hp.normalize else (None, None)
+        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
         return DeviceBatches(ds.images, ds.labels, batch_size or hp.batch_size, shuffle=train,
                              seed=hp.seed if seed is None else seed, augment=augment, drop_last=drop_last,
-                             mean=mean, std=std)
+                             mean=mean, std=std, num_replicas=world, rank=rank)  # this rank's share under DDP
 
     def train_dataloader(self) -> DeviceBatches:
         return self._batches(self.train_set, True, augment=RandomCropFlip() if self.hparams.augment else None)

@@ -1,10 +1,21 @@
-"""Lesson 06's data parallelism by hand: DDP and hand-written all-reduces in forked gloo processes, against one
-process on the full batches, and whether forking is safe here (throughput on N devices: scaling.py)."""
+"""Lesson 06's data parallelism by hand: DDP and hand-written all-reduces in spawned gloo processes, against one
+process on the full batches, and whether forking is safe here (throughput on N devices: scaling.py).
+
+The fork rule: on a machine with a visible GPU, a process's first backward starts autograd's device threads, and a
+child forked after that fails in its own backward. So the workers here are spawned (importable, from this module),
+and a fork is made only while `fork_status()` finds neither a CUDA context nor autograd's device threads."""
 from __future__ import annotations
 
+import importlib
+import inspect
+import multiprocessing
 import os
+import pickle
 import tempfile
+import textwrap
 import time
+import traceback
+import types
 from pathlib import Path
 
 import torch
@@ -53,22 +64,15 @@ def _ddp_worker(rank, world, store, steps, batch, model, seed, out, bucket_cap_m
 
 
 def ddp_train(world: int = 2, steps: int = 5, batch: int = 16, model: str = "toy", seed: int = 0,
-              start_method: str | None = None, bucket_cap_mb: float = 25) -> dict:
+              bucket_cap_mb: float = 25) -> dict:
     """Train with `world` gloo processes, each on its slice of every batch; rank 0's weights and DDP statistics.
 
-    The workers are forked (fast) unless this process holds a CUDA context; then they are spawned."""
-    start_method = start_method or ("fork" if fork_status()[0] else "spawn")
+    The workers are spawned (fresh interpreters running this module's _ddp_worker): safe whatever ran before here,
+    a backward on a GPU machine included."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rank0.pt"
-        try:
-            mp.start_processes(_ddp_worker, nprocs=world, start_method=start_method, join=True,
-                               args=(world, f"{tmp}/store", steps, batch, model, seed, out, bucket_cap_mb))
-        except mp.ProcessRaisedException as err:
-            if "Autograd-and-Fork" not in str(err):
-                raise
-            raise RuntimeError("this process has started autograd's worker threads (training an exported graph, "
-                               "as QAT does, starts them) and forked workers cannot use them: restart the kernel "
-                               "and run DDP first, or pass start_method='spawn'.") from err
+        mp.start_processes(_ddp_worker, nprocs=world, start_method="spawn", join=True,
+                           args=(world, f"{tmp}/store", steps, batch, model, seed, out, bucket_cap_mb))
         return torch.load(out, weights_only=True)
 
 
@@ -92,8 +96,33 @@ def average_per_tensor(model: nn.Module, world: int) -> None:
         p.grad /= world
 
 
+class _Source:
+    """A function shipped by its source to a spawned worker (one defined in a notebook cannot be imported there)."""
+
+    def __init__(self, fn):
+        self.name, self.source = fn.__name__, textwrap.dedent(inspect.getsource(fn))
+        codes, names = [fn.__code__], set()
+        while codes:  # the global names of fn and of the functions and comprehensions nested in it
+            code = codes.pop()
+            names |= set(code.co_names)
+            codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+        self.modules = {n: v.__name__ for n in names if isinstance(v := fn.__globals__.get(n), types.ModuleType)}
+
+    def load(self):
+        """The function, rebuilt in this process with the modules it uses bound to their names."""
+        namespace = {n: importlib.import_module(m) for n, m in self.modules.items()}
+        exec(compile(self.source, f"<{self.name}, shipped to a worker>", "exec"), namespace)  # noqa: S102
+        return namespace[self.name]
+
+
+def portable(fn):
+    """fn itself if a spawned worker can import it (course_lib's), else its source (a notebook's or a test's)."""
+    return fn if fn.__module__.split(".")[0] == __name__.split(".")[0] else _Source(fn)
+
+
 def _allreduce_worker(rank, world, store, averages, steps, batch, model, seed, rounds, out):
     torch.set_num_threads(1)  # the processes share the cores
+    averages = {name: f.load() if isinstance(f, _Source) else f for name, f in averages.items()}
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         xs, ys = toy_data(steps, batch, seed=seed)
@@ -123,18 +152,73 @@ def allreduce_train(averages: dict, world: int = 2, steps: int = 5, batch: int =
                     seed: int = 0, rounds: int = 1) -> dict:
     """Train with `world` gloo processes, averaging gradients by hand with each function of `averages`
     (name -> fn(model, world)); rank 0's {"comm_s": name -> seconds per round, "state": name -> weights}.
-    Workers fork as in ddp_train (a forked worker may use functions defined in a notebook)."""
-    start_method = "fork" if fork_status()[0] else "spawn"
+    Workers are spawned as in ddp_train; a function defined in a notebook travels as its source (`portable`), so it
+    may use modules (torch, dist, nn) but no other notebook globals."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rank0.pt"
-        mp.start_processes(_allreduce_worker, nprocs=world, start_method=start_method, join=True,
-                           args=(world, f"{tmp}/store", averages, steps, batch, model, seed, rounds, out))
+        shipped = {name: portable(fn) for name, fn in averages.items()}
+        mp.start_processes(_allreduce_worker, nprocs=world, start_method="spawn", join=True,
+                           args=(world, f"{tmp}/store", shipped, steps, batch, model, seed, rounds, out))
         return torch.load(out, weights_only=True)
 
 
+def autograd_device_threads() -> list[str]:
+    """Names of autograd's device threads in this process (pt_autograd_<device>, Linux's /proc); [] if none or unknown.
+
+    torch's engine starts one per visible GPU at the process's first backward (Engine::start_device_threads), even
+    when every tensor is on the CPU; a child forked after that raises "Unable to handle autograd's threading in
+    combination with fork-based multiprocessing" in its own backward."""
+    names = []
+    for comm in Path("/proc/self/task").glob("*/comm"):
+        try:
+            name = comm.read_text().strip()
+        except OSError:  # the thread ended while we looked
+            continue
+        names += [name] if name.startswith("pt_autograd_") else []
+    return sorted(names)
+
+
 def fork_status() -> tuple[bool, str]:
-    """Whether ddp_notebook may fork workers here: a forked process cannot use a CUDA context it inherits."""
+    """Whether this process may fork workers that train (ddp_notebook, in_child): no CUDA context, and no autograd
+    device threads, which a backward starts on a machine with a visible GPU."""
     if torch.cuda.is_initialized():
         return False, ("CUDA is initialised in this process and forked workers cannot use an inherited CUDA context: "
                        "restart the kernel and start DDP before anything touches the GPU, or use the script path.")
-    return True, "no CUDA context in this process yet: ddp_notebook can fork its workers"
+    if threads := autograd_device_threads():
+        return False, (f"a backward already ran in this process and started autograd's device threads "
+                       f"({', '.join(threads)}), which a forked worker cannot use: restart the kernel and fork before "
+                       "any backward (run the lesson's cells in order), or use the script path.")
+    return True, "no CUDA context and no autograd device threads in this process yet: ddp_notebook can fork its workers"
+
+
+def in_child(fn, *args, **kwargs):
+    """fn(*args, **kwargs) in a forked child on one thread, its (picklable) result returned: this process runs no
+    backward, so its later forks (ddp_notebook) stay safe on a GPU machine. fn may be defined in a notebook.
+
+    One thread, as DataLoader workers: a forked child that asks for several OpenMP threads waits forever on the
+    parent's thread pool, which the fork did not copy (GNU OpenMP). For multi-threaded work use a fresh process."""
+    ok, why = fork_status()
+    if not ok:
+        raise RuntimeError(f"in_child cannot fork here: {why}")
+    ctx = multiprocessing.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+
+    def run():
+        torch.set_num_threads(1)
+        try:  # plain pickle bytes: tensors travel by value, not by shared memory the child would take with it
+            send.send_bytes(pickle.dumps((True, fn(*args, **kwargs))))
+        except BaseException:  # noqa: BLE001  (the parent raises it, with the child's traceback)
+            send.send_bytes(pickle.dumps((False, traceback.format_exc())))
+
+    child = ctx.Process(target=run, daemon=True)
+    child.start()
+    send.close()
+    try:
+        ok, value = pickle.loads(recv.recv_bytes())
+    except EOFError:
+        ok, value = False, "the child exited before it sent a result"
+    child.join()
+    if not ok:
+        name = getattr(fn, "__name__", fn)
+        raise RuntimeError(f"{name} failed in the forked child (exit {child.exitcode}):\n{value}")
+    return value

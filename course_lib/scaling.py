@@ -9,6 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import torch
 from lightning.fabric.accelerators.cuda import num_cuda_devices
 
 from . import config, runs
@@ -59,13 +60,16 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="DDP training throughput on N devices; rank 0 writes the row to --out.")
     for flag, kind, default in [("devices", int, 1), ("accelerator", str, "gpu" if num_cuda_devices() else "cpu"),
                                 ("model", str, "resnet9"), ("batch", int, 64), ("precision", str, "32-true"),
-                                ("warmup", int, 3), ("steps", int, 10), ("workers", int, 0), ("data", str, None)]:
+                                ("warmup", int, 3), ("steps", int, 10), ("workers", int, 0), ("data", str, None),
+                                ("lesson", str, None), ("threads", int, None)]:
         p.add_argument(f"--{flag}", type=kind, default=default)
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     config.check_devices(a.accelerator, a.devices)
+    if a.threads:  # one process's threads (with several, Lightning gives each CPU process cores / processes)
+        torch.set_num_threads(a.threads)
     make = lambda: (ImageClassifierModule(a.model), runs.datamodule(  # noqa: E731  (per-process batch size)
-        image_folder=a.data or config.data_source(), batch_size=a.batch,
+        a.lesson, image_folder=a.data or config.data_source(), batch_size=a.batch,
         num_workers=a.workers, persistent_workers=a.workers > 0, pin_memory=a.accelerator != "cpu"))
     row = measure(make, a.devices, a.accelerator, "ddp" if a.devices > 1 else "auto", a.warmup, a.steps, a.precision)
     if row:

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, fields
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import nn
 from torchmetrics import MeanMetric
 
@@ -73,15 +74,20 @@ def tta_logits(model: nn.Module, x: torch.Tensor, level: int = 2) -> torch.Tenso
     return 0.5 * logits + 0.5 * shifted
 
 
+AMP_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}  # autocast's dtype per Lightning precision
+
+
 @torch.no_grad()
 def evaluate_tta(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, level: int = 2,
-                 batch_size: int = 1000, bf16: bool = False) -> float:
-    """Accuracy of model on uint8 images (N, 3, H, W) with test-time augmentation; one host sync at the end."""
+                 batch_size: int = 1000, bf16: bool = False, precision: str | None = None) -> float:
+    """Accuracy of model on uint8 images (N, 3, H, W) with test-time augmentation; one host sync at the end.
+    Autocast in `precision`'s dtype (bf16=True: bf16-mixed), as training ran."""
     if level not in (0, 1, 2):
         raise ValueError(f"TTA level must be 0 (none), 1 (mirror) or 2 (mirror + shifts), got {level}.")
+    dtype = AMP_DTYPES.get(precision or ("bf16-mixed" if bf16 else "32-true"))
     was_training, acc = model.training, top1_accuracy().to(images.device)
     model.eval()
-    with torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=bf16):
+    with torch.autocast(images.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
         for x, y in DeviceBatches(images, labels, batch_size):
             acc.update(tta_logits(model, x, level), y)
     model.train(was_training)
@@ -173,7 +179,14 @@ def make_trainer(epochs: float, precision: str | None = None, steps_per_epoch: i
         raise ValueError(f"epochs={epochs} is fractional: pass steps_per_epoch=len(<training batches>) so the Trainer "
                          f"can stop after ceil(epochs x steps_per_epoch) steps.")
     steps = total_steps(epochs, steps_per_epoch) if steps_per_epoch else -1
-    return runs.trainer(None, precision, timing=True, **{"max_epochs": math.ceil(epochs), "max_steps": steps, **kwargs})
+    kwargs = {"max_epochs": math.ceil(epochs), "max_steps": steps, **kwargs}
+    if config.choose_precision(precision) == "16-mixed" and (kwargs.get("accelerator") == "cpu"
+                                                             or not torch.cuda.is_available()):
+        # the policy chose fp16 (a GPU without bf16, emulated on a CPU by the tests): Lightning would quietly swap
+        # 16-mixed for bf16-mixed on a CPU, so its fp16 plugin is passed explicitly, with the GradScaler("cpu")
+        fp16 = {"precision": None, "plugins": [MixedPrecision("16-mixed", "cpu")]}
+        return L.Trainer(**{**runs.trainer_kwargs(None, "32-true", timing=True, **kwargs), **fp16})
+    return runs.trainer(None, precision, timing=True, **kwargs)
 
 
 def train_twin(net: AirNet, batches: DeviceBatches, epochs: float, recipe: Recipe = Recipe(),
@@ -184,12 +197,12 @@ def train_twin(net: AirNet, batches: DeviceBatches, epochs: float, recipe: Recip
     total_steps(epochs, len(batches)) steps. A net compiled by an earlier call stays compiled (not recompiled).
     Returns per-step losses (tensor), per-epoch seconds and the trained net."""
     precision = config.choose_precision(precision)  # clear error if this hardware lacks it
-    if precision == "16-mixed":
-        raise ValueError("train_twin supports '32-true' and 'bf16-mixed'; fp16 would also need a GradScaler.")
     if batches.batch_size != recipe.batch_size:
         raise ValueError(f"The batches hold {batches.batch_size} images but the recipe's batch_size is "
                          f"{recipe.batch_size}: pass Recipe(batch_size={batches.batch_size}, ...).")
-    bf16, device, r = precision == "bf16-mixed", batches.images.device, recipe
+    dtype, device, r = AMP_DTYPES.get(precision), batches.images.device, recipe
+    # fp16 (a T4's choice) needs loss scaling, as Lightning's 16-mixed does: GradScaler on this device type
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "16-mixed")
     net = net.to(device).train()
     net = net.to(memory_format=torch.channels_last) if r.channels_last else net
     if not bool(net.whitened):
@@ -210,14 +223,15 @@ def train_twin(net: AirNet, batches: DeviceBatches, epochs: float, recipe: Recip
         marks.append(timer.mark())
         for x, y in batches:
             x = x.contiguous(memory_format=torch.channels_last) if r.channels_last else x
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            with torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
                 logits = net(x)
                 loss = criterion(logits, y)
             acc.update(logits.detach(), y)  # the module's per-step metric work, so the timings compare
             mean_loss.update(loss.detach().expand(len(y)))
             opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            scaler.scale(loss).backward()  # disabled: loss.backward(), opt.step()
+            scaler.step(opt)
+            scaler.update()
             sched.step()
             step += 1
             losses.append(loss.detach())
@@ -230,7 +244,8 @@ def train_twin(net: AirNet, batches: DeviceBatches, epochs: float, recipe: Recip
     if lookahead is not None:
         lookahead.update(1.0)
     epoch_s = [timer.seconds(a, b) for a, b in zip(marks[::2], marks[1::2])]
-    return {"losses": torch.stack(losses).float().cpu(), "epoch_s": epoch_s, "net": net, "recipe": asdict(r)}
+    return {"losses": torch.stack(losses).float().cpu(), "epoch_s": epoch_s, "net": net, "recipe": asdict(r),
+            "precision": precision, "loss_scale": scaler.get_scale() if scaler.is_enabled() else None}
 
 
 __all__ = ["EPOCHS", "total_steps", "Recipe", "tta_logits", "evaluate_tta", "SpeedrunModule", "fresh_weights",

@@ -169,7 +169,7 @@ def part_c(module, dm, report, runs, epochs, precision, deadline, head) -> list[
     net = models.AirNet(module.recipe.widths)
     warm = speedrun.train_twin(net, dm.train_dataloader(), epochs, module.recipe, precision)
     speedrun.evaluate_tta(warm["net"], dm.test_set.images, dm.test_set.labels, batch_size=dm.eval_batch_size,
-                          bf16=precision == "bf16-mixed")
+                          precision=precision)
     twins = []
     for run in runs:
         if time.monotonic() > deadline:

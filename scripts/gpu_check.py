@@ -44,7 +44,7 @@ def make_subset(out: Path, n: int) -> None:
 
 def make_run(cfg: dict, source: str | None, batch: int):
     """One configuration -> (module, datamodule) on `source`, with the TF32 switches the configuration asks for."""
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(cfg.get("tf32"))
+    config.set_tf32(bool(cfg.get("tf32")))  # one TF32 API for this torch version
     dm = runs.datamodule("gpu_check", kind="device" if cfg.get("device_data") else "loader", image_folder=source,
                          batch_size=batch, **cfg.get("data", {}))
     return ImageClassifierModule(**cfg["model"]), dm

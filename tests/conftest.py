@@ -1,9 +1,11 @@
-"""Shared fixtures: the real CIFAR-10 JPEG folder (found, or made from a download), small copies of it, and per-test
-cache isolation."""
+"""Shared fixtures: the real CIFAR-10 JPEG folder (found, or made from a download), small copies of it, per-test
+cache isolation, and the GPU machine's fork rule, emulated in every process the tests start."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,25 @@ import torch
 from course_lib import config, jpeg
 
 REPO = Path(__file__).resolve().parents[1]
+FORK_RULE = REPO / "tests" / "gpu_fork_rule"  # its sitecustomize.py: a fork after a backward fails, as with a GPU
+
+
+def load_fork_rule():
+    """The fork-rule emulation in this process (the one `sitecustomize` loaded, if PYTHONPATH already named it)."""
+    loaded = sys.modules.get("sitecustomize")
+    if getattr(loaded, "__file__", None) == str(FORK_RULE / "sitecustomize.py"):
+        return loaded
+    spec = importlib.util.spec_from_file_location("gpu_fork_rule", FORK_RULE / "sitecustomize.py")
+    module = sys.modules.setdefault("gpu_fork_rule", importlib.util.module_from_spec(spec))
+    if not hasattr(module, "install"):
+        spec.loader.exec_module(module)
+    return module
+
+
+# on for the whole run, here and (through PYTHONPATH) in every child: nbval's kernels, spawned workers, torchrun ranks
+os.environ["PYTHONPATH"] = os.pathsep.join([str(FORK_RULE), *filter(None, [os.environ.get("PYTHONPATH")])])
+fork_rule = load_fork_rule()
+fork_rule.install(torch)
 TINY_CLASSES = ("airplane", "cat", "ship")
 TINY_PER_CLASS = 20
 
@@ -92,9 +113,3 @@ def _isolate_side_effects(monkeypatch, session_data_root, tmp_path_factory):
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
-
-
-def pytest_collection_modifyitems(items):
-    """Run the DDP tests first: they fork, and a process that has trained an exported graph (QAT in
-    test_compress) holds autograd worker threads that a forked child cannot use."""
-    items.sort(key=lambda item: item.nodeid.split("::")[0] != "tests/test_ddp.py")
