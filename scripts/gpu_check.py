@@ -20,11 +20,19 @@ from course_lib import bench, config, runs
 from course_lib.data import load_image_folder
 from course_lib.modules import ImageClassifierModule
 
+REPO = Path(__file__).resolve().parents[1]  # results go under the repository, wherever the script is run from
+
 TARGETS = [  # (lesson, config, baseline, required speedup): the issue's targets for an H100/H200-class GPU
     ("03", "small CNN, GPU-resident data", "small CNN, DataLoader 8 workers", 1.5),
     ("04", "ResNet-9 bf16-mixed", "ResNet-9 fp32", 2.0),
     ("05", "ResNet-9 bf16 + compile + channels_last", "ResNet-9 bf16-mixed", 1.3),
 ]
+
+
+def results_file(gpu: str | None) -> Path:
+    """docs/results/<gpu>.md in the repository; without a GPU (a dry run) build/gpu_check-dryrun.md, out of docs/."""
+    dry_run = config.build_dir() / "gpu_check-dryrun.md"
+    return REPO / "docs" / "results" / f"{gpu.replace(' ', '_')}.md" if gpu else dry_run
 
 
 def save_subset(data: dict, out: Path, n: int) -> Path:
@@ -111,8 +119,7 @@ def main() -> int:
                      f"{'met' if got >= need else 'MISSED'}")
     lines += [*skipped, "", "Versions: " + ", ".join(f"{k} {v}" for k, v in config.hardware().items())]
     gpu = config.hardware().get("gpu")
-    # without a GPU this is only a dry run of the script: keep it out of docs/, whose figures are GPU figures
-    out = Path("docs/results") / f"{gpu.replace(' ', '_')}.md" if gpu else config.build_dir() / "gpu_check-dryrun.md"
+    out = results_file(gpu)  # without a GPU only a dry run: kept out of docs/, whose figures are GPU figures
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
     bench.save_results(rows, "gpu_check")

@@ -1,12 +1,14 @@
 """The prepared GPU scripts: CI has no GPU to run them, so at least their imports and options must stay valid."""
 import ast
 import importlib
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((Path(__file__).parents[1] / "scripts").glob("gpu_*.py"))
 
 
@@ -73,3 +75,14 @@ def test_child_env_lets_a_child_process_import_course_lib_without_install(tmp_pa
                          env=config.child_env())
     assert res.returncode == 0, res.stderr[-2000:]
     assert Path(res.stdout.strip()) == Path(config.__file__).resolve()
+
+
+def test_gpu_check_writes_its_results_under_the_repository_from_any_folder(tmp_path, monkeypatch):
+    """Run from another folder, gpu_check's results file is still the repository's docs/results/<gpu>.md, as its
+    siblings' are (a relative docs/results would land in the current folder)."""
+    spec = importlib.util.spec_from_file_location("gpu_check_under_test", REPO / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    monkeypatch.chdir(tmp_path)
+    assert gpu_check.results_file("NVIDIA H200") == REPO / "docs" / "results" / "NVIDIA_H200.md"
+    assert gpu_check.results_file(None).name == "gpu_check-dryrun.md"
