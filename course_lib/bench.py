@@ -60,7 +60,8 @@ class BenchCallback(L.Callback):
         if step > self.warmup:
             self.batch_size = len(batch[1])
             self.samples += self.batch_size
-        self.peak_rss = max(self.peak_rss, psutil.Process().memory_info().rss)
+        if pl_module.device.type == "cpu":  # the CPU's memory figure; a GPU's comes from its allocator, no polling
+            self.peak_rss = max(self.peak_rss, psutil.Process().memory_info().rss)
 
     def _figures(self) -> dict:
         """Step and wait seconds, warm-up seconds and Lightning's Throughput, from the marks (synchronizes once)."""

@@ -214,7 +214,8 @@ def train_twin(net: AirNet, batches: DeviceBatches, epochs: float, recipe: Recip
     opt, sched = make_speedrun_optimizer(net, total, r.batch_size, r.lr, r.momentum, r.weight_decay, r.bias_scale,
                                          r.warmup)
     criterion = nn.CrossEntropyLoss(label_smoothing=r.label_smoothing)
-    acc, mean_loss = top1_accuracy().to(device), MeanMetric().to(device)
+    # nan_strategy="disable", as the module's metrics: the default NaN check is a host sync (`if nans.any()`) per update
+    acc, mean_loss = top1_accuracy().to(device), MeanMetric(nan_strategy="disable").to(device)
     lookahead, timer = (Lookahead(net) if r.lookahead_every else None), DeviceTimer(device)
     losses, marks, step = [], [], 0
     for epoch in range(math.ceil(epochs)):
