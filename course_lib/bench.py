@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import statistics
 import time
 from pathlib import Path
@@ -19,9 +20,29 @@ from torch.utils.flop_counter import FlopCounterMode
 from . import config, runs, verdict
 from .timing import DeviceTimer
 
-# dense bf16 tensor-core peaks in TFLOP/s from the vendors' data sheets; first matching name wins (order matters)
-PEAK_BF16_TFLOPS = [("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("A100", 312.0), ("L40S", 362.0),
-                    ("L40", 181.0), ("L4", 121.0)]
+# Dense peaks in TFLOP/s (no 2:4 sparsity) per precision, from the pages named beside each: figures that the vendor
+# lists "with sparsity" are halved, as its footnotes say. A precision missing from a row has no sourced figure here.
+# Patterns are matched against torch.cuda.get_device_name(); first match wins, so variants come before their family.
+GPU_PEAKS = [  # (pattern, part, {precision: TFLOP/s}, source)
+    (r"\bH100\b.*\bPCIe\b", "H100 PCIe", {"fp32": 51, "tf32": 378, "fp16": 756.5, "bf16": 756.5, "fp8": 1513},
+     "https://archive-lib.hpctech.co.jp/gpuproduct/nvidia-h100.html"),  # NVIDIA's table; sparse figures halved
+    (r"\bH100\b(?!.*\b(PCIe|NVL)\b)", "H100 SXM",
+     {"fp32": 67, "tf32": 494.5, "fp16": 989.5, "bf16": 989.5, "fp8": 1979},
+     "https://archive-lib.hpctech.co.jp/gpuproduct/nvidia-h100.html"),
+    (r"\bH200\b(?!.*\bNVL\b)", "H200 SXM", {"fp32": 66.91, "fp16": 989, "bf16": 989, "fp8": 1979},
+     "https://itkb.uw.cz/2026/06/nvidia-h200-vs-b300-precisions-cores.html (dense); fp32: "
+     "https://hmc-tech.com/gpu/nvidia-h100-vs-nvidia-h200-sxm-vs-nvidia-gb200"),
+    (r"\bA100\b", "A100", {"fp32": 19.5, "tf32": 156, "fp16": 312, "bf16": 312},
+     "https://glennklockwood.com/garden/processors/A100 (from NVIDIA's A100 data sheet)"),
+    (r"\bL4\b", "L4", {"fp32": 30.29, "tf32": 60, "fp16": 121, "bf16": 121, "fp8": 242.5},
+     "https://grokipedia.com/page/NVIDIA_L4_vs_L40S (fp16 242, fp8 485 with sparsity), "
+     "https://store.sourcecode.com/en-us/bg-bucket-compare/125/9820 (tf32 120 with sparsity), fp32: "
+     "https://fpsbench.com/compare/gpu/nvidia-l4-vs-nvidia-tesla-m40"),
+    (r"\bA10\b", "A10", {"fp32": 31.24},  # no sourced tensor-core figure yet
+     "https://sysrqmts.com/ru/gpus/compare/nvidia-a10-pcie-vs-nvidia-quadro-rtx-4000"),
+    (r"\bT4\b", "T4", {"fp32": 8.141, "fp16": 65.13},  # Turing: no bf16, no tf32
+     "https://sysrqmts.com/en/gpus/nvidia/tesla/t4"),
+]
 FIELDS = ["name", "images_per_s", "images_per_s_min", "images_per_s_max", "step_ms", "peak_mem_mb", "data_wait",
           "warmup_s", "steps", "batch_size", "precision", "device"]
 
@@ -246,13 +267,31 @@ def train_step_flops(net: nn.Module, batch_size: int, image_size: int = 32) -> i
     return counter.get_total_flops()
 
 
-def peak_tflops(info: dict | None = None) -> float | None:
-    """Dense bf16 tensor-core peak of this machine's GPU, from PEAK_BF16_TFLOPS; None on a CPU or an unlisted GPU."""
+def gpu_peaks(name: str | None) -> tuple[str, dict, str] | None:
+    """(part, {precision: dense TFLOP/s}, source) for a torch.cuda.get_device_name() string; None if not listed."""
+    return next(((part, peaks, source) for pattern, part, peaks, source in GPU_PEAKS
+                 if name and re.search(pattern, name)), None)
+
+
+def peak_tflops(info: dict | None = None, precision: str = "bf16") -> float | None:
+    """Dense peak of this machine's GPU in `precision` (fp32, tf32, fp16, bf16, fp8), from GPU_PEAKS; None on a CPU,
+    an unlisted GPU or a precision without a sourced figure."""
+    found = gpu_peaks((info or config.hardware()).get("gpu"))
+    return found[1].get(precision) if found else None
+
+
+def peak_text(info: dict | None = None, precision: str = "bf16") -> str:
+    """Where the peak comes from, or a clear 'no peak known' naming the GPU and the table."""
     gpu = (info or config.hardware()).get("gpu")
-    return next((peak for name, peak in PEAK_BF16_TFLOPS if gpu and name in gpu), None)
+    found = gpu_peaks(gpu)
+    if found and precision in found[1]:
+        return f"{found[1][precision]:g} TFLOP/s dense {precision} on the {found[0]} ({found[2]})"
+    return (f"no {precision} peak known for {gpu or 'this CPU'} (bench.GPU_PEAKS lists "
+            f"{', '.join(part for _, part, _, _ in GPU_PEAKS)})")
 
 
-def achieved(flops: float, seconds: float, info: dict | None = None) -> dict:
-    """Achieved TFLOP/s for `flops` done in `seconds`, and its fraction of the bf16 peak where that is known."""
-    tflops, peak = flops / seconds / 1e12, peak_tflops(info)
-    return {"tflops": tflops, "peak_tflops": peak, "fraction_of_peak": tflops / peak if peak else None}
+def achieved(flops: float, seconds: float, info: dict | None = None, precision: str = "bf16") -> dict:
+    """Achieved TFLOP/s for `flops` done in `seconds`, and its fraction of the dense peak in `precision` if known."""
+    tflops, peak = flops / seconds / 1e12, peak_tflops(info, precision)
+    return {"tflops": tflops, "peak_tflops": peak, "fraction_of_peak": tflops / peak if peak else None,
+            "peak_text": peak_text(info, precision)}

@@ -88,9 +88,9 @@ def flop_summary(widths: tuple[int, int, int], batch: int, steps: int, epoch_s: 
                  info: dict | None = None) -> dict:
     """FLOPs of one training epoch, the rate achieved in `epoch_s`, and its fraction of the device's listed peak."""
     flops = bench.train_step_flops(AirNet(widths), batch) * steps
-    rate = bench.achieved(flops, epoch_s, info)
-    peak = (f"{rate['fraction_of_peak']:.1%} of the {rate['peak_tflops']:.0f} TFLOP/s dense bf16 peak"
-            if rate["peak_tflops"] else "no peak listed for this hardware (bench.PEAK_BF16_TFLOPS)")
+    precision = "fp16" if config.choose_precision(info=info) == "16-mixed" else "bf16"  # what the policy trains in
+    rate = bench.achieved(flops, epoch_s, info, precision)
+    peak = (f"{rate['fraction_of_peak']:.1%} of the {rate['peak_text']}" if rate["peak_tflops"] else rate["peak_text"])
     text = f"{flops / 1e12:.3g} TFLOP per epoch in {epoch_s:.3g} s: {rate['tflops']:.3g} TFLOP/s, {peak}"
     return {"tflop_per_epoch": flops / 1e12, **rate, "text": text}
 

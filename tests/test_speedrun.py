@@ -207,7 +207,7 @@ def test_flops_and_fraction_of_peak():
     per_epoch = bench.train_step_flops(AirNet(), 1024) * (50_000 // 1024)
     assert 30e12 < per_epoch < 40e12
     assert bench.peak_tflops({"gpu": "NVIDIA H200"}) == 989 and bench.peak_tflops({"gpu": None}) is None
-    assert bench.peak_tflops({"gpu": "NVIDIA H100 PCIe"}) == 756
+    assert bench.peak_tflops({"gpu": "NVIDIA H100 PCIe"}) == 756.5
     got = bench.achieved(1e12, 0.5, {"gpu": "NVIDIA A100-SXM4-80GB"})
     assert got["tflops"] == pytest.approx(2.0) and got["fraction_of_peak"] == pytest.approx(2 / 312)
 
