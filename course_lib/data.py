@@ -183,6 +183,34 @@ class EpochSampler(Sampler[int]):
         return self.n
 
 
+class ResumableLoader(DataLoader):
+    """A DataLoader that resumes mid-epoch: a run restored from a checkpoint saved inside an epoch continues at the
+    batch after the last one it completed, with the CPU random state of that moment (augmentation draws from it),
+    so it sees the batches an unbroken run would. position() is the loop's count of this epoch's batches done,
+    which Lightning restores from the checkpoint; it is 0 whenever an epoch starts afresh."""
+
+    def __init__(self, *args, position=None, rng_state: torch.Tensor | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.position, self.rng_state = position, rng_state
+
+    # Lightning looks for these two to know that a loader resumes mid-epoch (else it warns that results may
+    # differ); the position comes from the loop's own restored progress, so there is nothing more to save
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    def __iter__(self):
+        rng_state, self.rng_state = self.rng_state, None
+        batches = super().__iter__()
+        for _ in range(self.position() if self.position else 0):  # non-zero only when resuming mid-epoch
+            next(batches)
+        if rng_state is not None:
+            torch.set_rng_state(rng_state)
+        yield from batches
+
+
 def split_indices(n: int, fractions: list[float], seed: int) -> list[torch.Tensor]:
     """Seeded random split of range(n) into len(fractions)+1 parts; the last part takes the rest; fraction 0: empty."""
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
@@ -209,6 +237,7 @@ class CIFAR10DataModule(L.LightningDataModule):
         self.save_hyperparameters()
         self.data_dir = Path(data_dir) if data_dir else config.data_root()
         self.classes: list[str] = []
+        self._resumed_rng_state: torch.Tensor | None = None  # from a checkpoint, for the next training loader
 
     def _load(self, split: str, load: bool = True) -> dict | None:
         """One split's tensors from the chosen source (once per process), or None if the source has no such split."""
@@ -286,9 +315,24 @@ class CIFAR10DataModule(L.LightningDataModule):
 
     def _loader(self, ds: ImageTensorDataset, train: bool) -> DataLoader:
         hp = self.hparams
-        return DataLoader(ds, batch_size=hp.batch_size, sampler=EpochSampler(len(ds), hp.seed) if train else None,
-                          num_workers=hp.num_workers, pin_memory=hp.pin_memory, collate_fn=_batch_as_is,
-                          persistent_workers=hp.persistent_workers and hp.num_workers > 0)
+        kwargs = dict(batch_size=hp.batch_size, num_workers=hp.num_workers, pin_memory=hp.pin_memory,
+                      collate_fn=_batch_as_is, persistent_workers=hp.persistent_workers and hp.num_workers > 0)
+        if not train:
+            return DataLoader(ds, **kwargs)
+        rng_state, self._resumed_rng_state = self._resumed_rng_state, None
+        return ResumableLoader(ds, sampler=EpochSampler(len(ds), hp.seed), position=self._batches_done,
+                               rng_state=rng_state, **kwargs)
+
+    def state_dict(self) -> dict:
+        """Saved in every checkpoint: the CPU random state, which a resumed run restores at its next batch."""
+        return {"rng_state": torch.get_rng_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._resumed_rng_state = state.get("rng_state")
+
+    def _batches_done(self) -> int:
+        """Training batches of the current epoch done so far (restored from the checkpoint when a run resumes)."""
+        return self.trainer.fit_loop.epoch_loop.batch_progress.current.ready if self.trainer else 0
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, train=True)

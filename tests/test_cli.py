@@ -1,4 +1,4 @@
-"""`python -m course_lib fit|test` end to end on a tiny folder, with every output redirected to tmp."""
+"""`python -m course_lib fit|test` end to end on a tiny folder, run from outside the checkout, COURSE_BUILD in tmp."""
 from __future__ import annotations
 
 import os
@@ -14,37 +14,34 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def cli(tmp_path_factory, tiny_folder):
-    """Runs `python -m course_lib <args> --config configs/lenet.yaml --config <tmp override>` in the repo root."""
+    """Runs `python -m course_lib <command> --config configs/lenet.yaml <args>` from a folder outside the checkout."""
     out = tmp_path_factory.mktemp("cli")
-    cfg = yaml.safe_load((REPO / "configs/lenet.yaml").read_text())
-    override = {"trainer": {  # the lenet.yaml logger and checkpoint, pointed at tmp (a second --config replaces them)
-        "logger": {**cfg["trainer"]["logger"], "init_args": {"save_dir": str(out / "runs"), "name": "logs"}},
-        "callbacks": [{**cfg["trainer"]["callbacks"][0],
-                       "init_args": {**cfg["trainer"]["callbacks"][0]["init_args"], "dirpath": str(out / "ckpt")}}],
-    }}
-    (out / "override.yaml").write_text(yaml.safe_dump(override))
+    (out / "elsewhere").mkdir()
     env = {**os.environ, "COURSE_SIZE": "smoke", "COURSE_DATA": str(tiny_folder),
            "COURSE_DATA_ROOT": str(out / "data"), "COURSE_BUILD": str(out / "build")}
 
-    def run(command: str, *args: str) -> subprocess.CompletedProcess:
+    def run(command: str, *args: str, check: bool = True, **env_extra) -> subprocess.CompletedProcess:
         result = subprocess.run(
-            [sys.executable, "-m", "course_lib", command, "--config", "configs/lenet.yaml",
-             "--config", str(out / "override.yaml"), "--trainer.default_root_dir", str(out), *args],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
-        assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+            [sys.executable, "-m", "course_lib", command, "--config", str(REPO / "configs/lenet.yaml"), *args],
+            cwd=out / "elsewhere", env={**env, **env_extra}, capture_output=True, text=True, timeout=180)
+        if check:
+            assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
         return result
 
     run.out = out
-    run.fit = run("fit")  # the one training run the tests below share
+    run.run_dir = out / "build" / "runs" / "lenet"
+    run.fit = run("fit", "--model.num_classes", "3")  # the one training run the tests below share
     return run
 
 
 def test_fit_writes_checkpoint_and_logs(cli, tiny_folder):
-    """fit exits 0, writes last.ckpt to the configured dirpath and logs val_acc to the CSV logger."""
-    assert (cli.out / "ckpt" / "last.ckpt").exists()
-    metrics = next((cli.out / "runs" / "logs").glob("version_*/metrics.csv")).read_text()
+    """fit exits 0 and writes last.ckpt, best.ckpt and the CSV logs under $COURSE_BUILD/runs/lenet, whatever the
+    working folder; nothing lands in the working folder."""
+    assert (cli.run_dir / "checkpoints" / "last.ckpt").exists() and (cli.run_dir / "checkpoints" / "best.ckpt").exists()
+    assert not any((cli.out / "elsewhere").iterdir())
+    metrics = next((cli.run_dir / "logs").glob("version_*/metrics.csv")).read_text()
     assert "val_acc" in metrics and "train_loss" in metrics
-    saved = yaml.safe_load(next((cli.out / "runs" / "logs").glob("version_*/config.yaml")).read_text())
+    saved = yaml.safe_load(next((cli.run_dir / "logs").glob("version_*/config.yaml")).read_text())
     assert saved["trainer"]["max_epochs"] == 1  # COURSE_SIZE=smoke
     assert saved["data"]["subset"] == 2048 and saved["data"]["image_folder"] == str(tiny_folder)
 
@@ -68,7 +65,7 @@ def test_log_defaults_keep_the_progress_bar_in_a_terminal():
 
 def test_test_on_foreign_folder_reports_accuracy(cli, tiny_folder):
     """test --ckpt_path last.ckpt --data.test_folder grades the checkpoint and prints test_acc."""
-    result = cli("test", "--ckpt_path", str(cli.out / "ckpt" / "last.ckpt"),
+    result = cli("test", "--ckpt_path", str(cli.run_dir / "checkpoints" / "last.ckpt"),
                  "--data.test_folder", str(tiny_folder / "train"))
     assert "test_acc" in result.stdout and "test_loss" in result.stdout
 
@@ -78,4 +75,13 @@ def test_fit_resumes_from_last(cli):
     result = cli("fit", "--ckpt_path", "last")
     log = result.stdout + result.stderr
     assert "Restored all states" in log
-    assert str(cli.out / "ckpt" / "last.ckpt") in log
+    assert str(cli.run_dir / "checkpoints" / "last.ckpt") in log
+
+
+def test_new_fit_over_an_earlier_run_refuses_and_names_the_remedies(cli):
+    """A fresh fit where last.ckpt of an earlier run exists would overwrite it: it stops first, naming the remedies,
+    and prints the message alone (no traceback)."""
+    result = cli("fit", "--model.num_classes", "3", check=False)
+    assert result.returncode == 1
+    assert "--ckpt_path last" in result.stderr and "--run_name" in result.stderr
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
