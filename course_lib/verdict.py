@@ -93,7 +93,8 @@ def compare(a: Sequence[float], b: Sequence[float], name_a: str, name_b: str, *,
         return f"{name_a} is {mid:.2f}x {better} than {name_b} ({kind} {lo:.2f}–{hi:.2f}x, {n})"
     if hi < 1:
         return f"{name_a} is {1 / mid:.2f}x {worse} than {name_b} ({kind} {1 / hi:.2f}–{1 / lo:.2f}x, {n})"
-    return (f"{name_a} vs {name_b}: {NOISE} ({name_a} at {mid:.2f}x, {kind} {lo:.2f}–{hi:.2f}x, "
+    what = "speed ratio" if better == "faster" else "ratio"  # for times too: the factor is B's time over A's
+    return (f"{name_a} vs {name_b}: {NOISE} ({what} {mid:.2f}x, {kind} {lo:.2f}–{hi:.2f}x, "
             f"{_runs(min(len(a), len(b)))})")
 
 
