@@ -196,5 +196,23 @@ def test_lesson_checks_name_existing_gpu_check_configs():
     import gpu_check
     import lesson_checks
 
-    assert set(lesson_checks.ORDER) - {"lesson 06"} == {c["name"] for c in gpu_check.configs(512)}
+    assert set(lesson_checks.ORDER) - {"lesson 06"} >= {c["name"] for c in gpu_check.configs(512)}
     assert {n for _, n, b, _ in gpu_check.TARGETS} | {b for _, _, b, _ in gpu_check.TARGETS} <= set(lesson_checks.ORDER)
+
+
+def test_gpu_check_on_a_gpu_without_bf16_compiles_in_fp16(monkeypatch):
+    """On a T4 (compute capability 7.5, no bf16) the bf16 rows are skipped by the policy, and lesson 05's compile
+    still runs, in fp16, so the check says whether torch.compile works there; lesson_checks runs that row too."""
+    import gpu_check
+    import lesson_checks
+
+    from course_lib import config
+
+    monkeypatch.setattr(config, "hardware", lambda: {"gpu": "Tesla T4", "compute_capability": "7.5",
+                                                     "bf16_native": False})
+    rows = {c["name"]: c for c in gpu_check.configs(512)}
+    fp16 = rows["ResNet-9 16-mixed + compile + channels_last"]
+    assert fp16["precision"] == "16-mixed" and fp16["model"]["compile"]
+    assert set(rows) <= set(lesson_checks.ORDER)
+    with pytest.raises(ValueError, match="no native bf16"):
+        config.choose_precision(rows["ResNet-9 bf16 + compile + channels_last"]["precision"])
