@@ -150,6 +150,11 @@ class CourseCLI(LightningCLI):
         trainer = cfg.trainer
         config.check_devices(trainer.accelerator, trainer.devices)
         self._check_explicit_model_flags(cfg)
+        if self.subcommand in ("test", "validate", "predict") and cfg.data.get("test_folder") and not cfg.model.classes:
+            raise CourseError(f"{cfg.get('ckpt_path') or 'This model'} records no class names, so the folders of "
+                              f"{cfg.data.test_folder} cannot be mapped to its outputs. Name them in the order the "
+                              f"model was trained on, e.g. --model.classes '[airplane, cat, ship]', or pass a "
+                              f"checkpoint written by this course's fit (it records them).")
         run_dir = config.build_dir().resolve() / "runs" / cfg.run_name
         if trainer.default_root_dir is None:
             trainer.default_root_dir = str(run_dir)

@@ -274,13 +274,19 @@ class CIFAR10DataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         """Load the tensors and carve validation/test splits from training with a seeded generator."""
         hp = self.hparams
+        model_classes = self._model_classes()
         if hp.test_folder and stage in ("test", "predict"):  # grading on foreign images needs no training data
-            self.classes = (CIFAR10_CLASSES if hp.image_folder is None
-                            else list_image_folder(Path(hp.image_folder) / "train")[2])
+            self.classes = model_classes or (CIFAR10_CLASSES if hp.image_folder is None
+                                             else list_image_folder(Path(hp.image_folder) / "train")[2])
             self.test_set = self._dataset(self._foreign_test(hp.test_folder), hp.eval_subset)
             return
         train = self._load("train")
         self.classes = train["classes"]
+        if model_classes and stage != "fit" and list(model_classes) != list(self.classes):
+            raise ValueError(f"The model was trained on classes {model_classes} but the data in "
+                             f"{hp.image_folder or 'torchvision CIFAR-10'} have {self.classes}, so its labels would "
+                             f"be wrong. Point COURSE_DATA (--data.image_folder) at data with the model's classes, "
+                             f"or grade a folder of class-named images with --data.test_folder.")
         val, test = self._load("val"), self._load("test")
         carve = ([hp.val_fraction] if val is None else []) + ([hp.test_fraction] if test is None else [])
         parts = split_indices(len(train["labels"]), carve, hp.seed) if carve else [torch.arange(len(train["labels"]))]
@@ -294,8 +300,18 @@ class CIFAR10DataModule(L.LightningDataModule):
         self.val_set = self._dataset(val, hp.eval_subset)
         self.test_set = self._dataset(test, hp.eval_subset)
 
+    def _model_classes(self) -> list[str] | None:
+        """The class names the trainer's model records (from its checkpoint), or None; checked against its head."""
+        hp = getattr(getattr(self.trainer, "lightning_module", None), "hparams", {}) if self.trainer else {}
+        classes, heads = hp.get("classes"), hp.get("num_classes")
+        if classes and heads is not None and len(classes) != heads:
+            raise ValueError(f"The model records {len(classes)} classes ({', '.join(classes)}) but its head has "
+                             f"{heads} outputs: the checkpoint is inconsistent. Retrain it, or pass the "
+                             f"{heads} class names with --model.classes.")
+        return list(classes) if classes else None
+
     def _foreign_test(self, folder: str) -> dict:
-        """A <folder>/<class>/*.jpg test set whose class names are mapped onto the training classes."""
+        """A <folder>/<class>/*.jpg test set whose class names are mapped onto the model's classes (self.classes)."""
         data = load_image_folder(folder, self.data_dir / "cache")
         unknown = sorted(set(data["classes"]) - set(self.classes))
         if unknown:

@@ -1,6 +1,8 @@
 """The course's LightningModules: what every classifier system shares, and ImageClassifierModule for any backbone."""
 from __future__ import annotations
 
+import warnings
+
 import lightning as L
 import torch
 from torch import nn
@@ -88,7 +90,7 @@ class ImageClassifierModule(ClassifierSystem):
     def __init__(self, backbone: str | nn.Module = "lenet", num_classes: int = 10, optimizer: str = "sgd",
                  lr: float = 0.05, momentum: float = 0.9, nesterov: bool = True, weight_decay: float = 5e-4,
                  label_smoothing: float = 0.0, schedule: str = "onecycle", warmup_fraction: float = 0.25,
-                 channels_last: bool = False, compile: bool = False):
+                 channels_last: bool = False, compile: bool = False, classes: list[str] | None = None):
         if optimizer not in ("sgd", "adamw") or schedule not in ("onecycle", "constant"):
             raise ValueError(f"optimizer must be 'sgd' or 'adamw' and schedule 'onecycle' or 'constant', "
                              f"got {optimizer!r} and {schedule!r}.")
@@ -96,6 +98,26 @@ class ImageClassifierModule(ClassifierSystem):
         super().__init__(net, num_classes, label_smoothing, channels_last, compile)
         # an nn.Module backbone is not a hyperparameter: reloading a checkpoint then needs it passed again
         self.save_hyperparameters(ignore=["backbone"] if isinstance(backbone, nn.Module) else None)
+
+    def setup(self, stage: str) -> None:
+        """At fit, record the data's class names in the hyperparameters, so every checkpoint carries the index of each
+        class. More classes than the head has outputs fail; fewer are trained, with a warning (outputs go unused)."""
+        classes = getattr(self.trainer.datamodule, "classes", None)
+        if stage != "fit" or not classes:
+            return
+        hp = self.hparams
+        if len(classes) != hp.num_classes:
+            message = (f"The training data have {len(classes)} classes ({', '.join(classes)}) but the model's head has "
+                       f"num_classes={hp.num_classes} outputs. Pass num_classes={len(classes)} (CLI: "
+                       f"--model.num_classes {len(classes)}).")
+            if len(classes) > hp.num_classes:
+                raise ValueError(message)
+            warnings.warn(message + " Its other outputs are never a right answer; grading it on a test folder "
+                          "will be refused.", stacklevel=2)
+        if hp.classes is not None and list(hp.classes) != list(classes):
+            raise ValueError(f"The model was trained on classes {list(hp.classes)} but these data have {classes}. "
+                             f"Train it on data with the same classes, or start a new model.")
+        hp.classes = list(classes)
 
     @property
     def model(self) -> nn.Module:

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,3 +88,49 @@ def test_new_fit_over_an_earlier_run_refuses_and_names_the_remedies(cli):
     assert result.returncode == 1
     assert "--ckpt_path last" in result.stderr and "--run_name" in result.stderr
     assert "Traceback" not in result.stderr, result.stderr[-2000:]
+
+
+def logged_metric(log: str, name: str) -> float:
+    """A metric's value from the table `test` prints."""
+    match = re.search(rf"{name}\W+([0-9.]+)", log)
+    assert match, log[-2000:]
+    return float(match.group(1))
+
+
+def test_test_folder_graded_by_the_checkpoints_classes_whatever_course_data_says(cli, tiny_folder, make_folder,
+                                                                                 tmp_path):
+    """The same checkpoint and cat/ship folder give the same accuracy with COURSE_DATA at the 3-class training folder
+    and at a 2-class cat/ship folder: the labels come from the classes the checkpoint records, not COURSE_DATA's."""
+    foreign = make_folder(tmp_path / "foreign", classes=("cat", "ship"), per_class=10)
+    other = make_folder(tmp_path / "other" / "train", classes=("cat", "ship"), per_class=4).parent
+    args = ("--ckpt_path", str(cli.run_dir / "checkpoints" / "last.ckpt"), "--data.test_folder", str(foreign))
+    same = cli("test", *args)
+    moved = cli("test", *args, COURSE_DATA=str(other))
+    for name in ("test_acc", "test_loss"):
+        assert logged_metric(same.stdout, name) == logged_metric(moved.stdout, name)
+    assert torch.load(cli.run_dir / "checkpoints" / "last.ckpt", weights_only=True)["hyper_parameters"]["classes"] \
+        == ["airplane", "cat", "ship"]
+
+
+def test_test_folder_with_a_class_the_checkpoint_lacks_is_refused(cli, make_folder, tmp_path):
+    """A test folder with a class the model never learned fails, naming it, without a traceback."""
+    foreign = make_folder(tmp_path / "foreign", classes=("cat", "dog"), per_class=2)
+    result = cli("test", "--ckpt_path", str(cli.run_dir / "checkpoints" / "last.ckpt"),
+                 "--data.test_folder", str(foreign), check=False)
+    assert result.returncode == 1 and "dog" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_failed_fit_prints_the_message_alone_and_leaves_no_empty_run_folder(cli, make_folder, tmp_path):
+    """A fit that fails at setup (an 11-class folder on a 10-way head) exits 1 with the course's message and no
+    traceback (--debug brings it back), and leaves no empty logs/version_N folder."""
+    from course_lib.data import CIFAR10_CLASSES
+
+    make_folder(tmp_path / "eleven" / "train", classes=CIFAR10_CLASSES, per_class=2)
+    shutil.copytree(tmp_path / "eleven" / "train" / "cat", tmp_path / "eleven" / "train" / "lynx")
+    env = {"COURSE_DATA": str(tmp_path / "eleven"), "COURSE_BUILD": str(tmp_path / "build")}
+    result = cli("fit", check=False, **env)
+    assert result.returncode == 1 and "--model.num_classes 11" in result.stderr
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert not list((tmp_path / "build").rglob("version_*"))
+    debug = cli("fit", "--debug", check=False, **env)
+    assert debug.returncode == 1 and "Traceback" in debug.stderr
