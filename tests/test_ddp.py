@@ -3,6 +3,7 @@ rank-zero-only outputs, the device-count check, and no processes left behind."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -128,3 +129,80 @@ def test_no_orphan_processes(children_before):
             break
         time.sleep(0.2)
     assert not alive, f"processes left behind: {[(p.pid, p.cmdline()) for p in alive]}"
+
+
+def _node(rank: int, port: int, tmp_path: Path, tiny_folder, log: Path, epochs: int) -> subprocess.Popen:
+    """One 'node' of a 2-node torchrun job on localhost: one CPU process running the course CLI on gloo."""
+    env = {**os.environ, "COURSE_SIZE": "smoke", "COURSE_DATA": str(tiny_folder), "OMP_NUM_THREADS": "1",
+           "COURSE_DATA_ROOT": str(tmp_path / f"data{rank}"), "COURSE_BUILD": str(tmp_path / "build")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(rank),
+           "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", str(port),
+           "-m", "course_lib", "fit", "--config", "configs/lenet.yaml", "--trainer.accelerator", "cpu",
+           "--trainer.devices", "1", "--trainer.num_nodes", "2", "--trainer.strategy", "ddp",
+           "--trainer.max_epochs", str(epochs), "--trainer.default_root_dir", str(tmp_path / "root"),
+           "--model.num_classes", "3"]  # tiny_folder holds 3 of the 10 classes
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _kill_tree(p: subprocess.Popen) -> None:
+    """SIGKILL a launch and every process under it (torchrun's workers run in sessions of their own)."""
+    try:
+        tree = [psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = []
+    for proc in tree:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    p.wait(timeout=30)
+
+
+def _stop(*procs: subprocess.Popen) -> None:
+    for p in procs:
+        if p.poll() is None:
+            _kill_tree(p)
+
+
+def test_two_nodes_on_localhost_train_and_a_killed_node_stops_the_other(tmp_path, tiny_folder):
+    """docs/multi_gpu.md's multi-node commands, emulated on one machine: two torchrun launches (--nnodes 2,
+    --node_rank 0/1, one CPU process each) of the CLI with --trainer.num_nodes 2 form one gloo job, each node its
+    own rank (and so its own DistributedSampler shard), and both stop cleanly. Then node 1 is killed mid-run: node 0
+    must exit with an error naming the lost peer, not hang."""
+    logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
+    port = _free_port()
+    nodes = [_node(r, port, tmp_path / "ok", tiny_folder, logs[r], epochs=1) for r in (0, 1)]
+    (tmp_path / "ok").mkdir(exist_ok=True)
+    try:
+        codes = [p.wait(timeout=300) for p in nodes]
+    finally:
+        _stop(*nodes)
+    text = [log.read_text() for log in logs]
+    assert codes == [0, 0], f"exit codes {codes}\n{text[0][-3000:]}\n{text[1][-3000:]}"
+    assert "GLOBAL_RANK: 0, MEMBER: 1/2" in text[0] and "GLOBAL_RANK: 1, MEMBER: 2/2" in text[1]
+
+    logs = [tmp_path / "kill0.log", tmp_path / "kill1.log"]
+    port = _free_port()
+    nodes = [_node(r, port, tmp_path / "kill", tiny_folder, logs[r], epochs=500) for r in (0, 1)]
+    try:
+        deadline = time.monotonic() + 240
+        while "MEMBER: 2/2" not in logs[1].read_text() and time.monotonic() < deadline and nodes[0].poll() is None:
+            time.sleep(0.5)
+        time.sleep(3)  # inside the training loop by now
+        assert nodes[0].poll() is None and nodes[1].poll() is None, "the long run ended before node 1 was killed"
+        _kill_tree(nodes[1])  # the whole node: its torchrun and its worker
+        code = nodes[0].wait(timeout=180)  # a hang would time out here
+    finally:
+        _stop(*nodes)
+    text = logs[0].read_text()
+    assert code != 0, text[-3000:]
+    assert re.search(r"Connection closed by peer|Connection reset|ChildFailedError|Broken pipe", text), text[-3000:]
