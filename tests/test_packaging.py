@@ -6,6 +6,7 @@ import importlib.metadata
 import importlib.util
 import json
 import re
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -101,6 +102,18 @@ def test_lock_holds_every_declared_dependency_at_its_lower_bound():
         floors = [s.version for s in spec if s.operator == ">="]
         assert len(floors) == 1, f"{name} needs one lower bound: {spec}"
         assert [v for v, _ in pins[name]] == floors, f"{name}: lock {pins[name][0][0]}, floor {floors[0]}"
+
+
+@pytest.mark.parametrize("uv", ["", "/opt/uv/bin/uv"])
+def test_make_venv_installs_the_lock_hash_checked(uv):
+    """make venv (so make test, make course and CI) installs requirements/lock.txt with --require-hashes, by uv where
+    it is installed and by pip otherwise, then the course without dependencies; a changed lock reinstalls."""
+    plan = subprocess.run(["make", "-n", "-B", "venv", f"UV={uv}"], cwd=REPO, capture_output=True, text=True,
+                          check=True).stdout
+    installer = f"{uv} pip install --python .venv/bin/python" if uv else ".venv/bin/python -m pip install -q"
+    assert f"{installer} --require-hashes -r requirements/lock.txt" in plan, plan
+    assert f"{installer} --no-deps --no-build-isolation -e ." in plan, plan
+    assert re.search(r"^\$\(STAMP\): .*\$\(LOCK\)", (REPO / "Makefile").read_text(), re.M)
 
 
 def test_torch_torchvision_and_torchao_floors_are_built_for_each_other():
