@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import zlib
 from pathlib import Path
 
 import lightning as L
@@ -56,23 +57,83 @@ def decode_image(path: Path) -> torch.Tensor:
     return torch.from_numpy(arr.copy()).permute(2, 0, 1)
 
 
+CACHE_SAMPLE = 64  # files whose bytes go into the cache key, evenly spread (every file's size and mtime go in too)
+
+
+def cache_key(split_dir: Path, files: list[Path]) -> tuple[str, str]:
+    """(folder id, content key) of a split's cache: a hash of the folder's path, and a hash of the file list with
+    sizes and mtimes plus the bytes of CACHE_SAMPLE files, which also catches edits that keep size and mtime."""
+    content = hashlib.sha1()
+    for f in files:
+        st = f.stat()
+        content.update(f"{f.relative_to(split_dir)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    for f in files[::max(1, len(files) // CACHE_SAMPLE)][:CACHE_SAMPLE]:
+        content.update(f.read_bytes())
+    return hashlib.sha1(str(split_dir.resolve()).encode()).hexdigest()[:8], content.hexdigest()[:16]
+
+
+def checksum(data: dict) -> int:
+    """CRC-32 of a decoded split (image bytes, labels, class names), stored in its cache and checked on load: it
+    catches damage, not tampering, at about 2 GB/s (0.1 s for the 154 MB of CIFAR-10's training images)."""
+    crc = zlib.crc32(data["images"].contiguous().numpy())  # the tensor's buffer, no copy
+    crc = zlib.crc32(data["labels"].contiguous().numpy(), crc)
+    return zlib.crc32("\n".join(data["classes"]).encode(), crc)
+
+
+def read_cache(path: Path) -> tuple[dict | None, str]:
+    """A cache file's split, or None and what is wrong with it (unreadable, or a checksum that does not match)."""
+    try:
+        data = torch.load(path, weights_only=True)  # tensors and str: no pickled code runs
+    except Exception as err:  # a truncated or garbled file: torch raises RuntimeError, pickle errors and others
+        return None, f"damaged (unreadable: {type(err).__name__})"
+    try:
+        ok = data.pop("checksum") == checksum(data)
+    except Exception:  # not a dict, or keys missing: written by something else
+        ok = False
+    return (data, "") if ok else (None, "damaged (its checksum does not match its contents)")
+
+
+def ensure_folder(path: Path, what: str) -> Path:
+    """Create a folder for outputs, with an error naming the setting when a file is in the way."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as err:
+        raise NotADirectoryError(f"{what} {path} cannot be created: {err.filename} is a file, not a folder. Point "
+                                 f"{config.DATA_ROOT_ENV} at a folder (or unset it for the checkout's data/).") from err
+    return path
+
+
 def load_image_folder(split_dir: str | Path, cache_dir: str | Path | None = None, load: bool = True) -> dict | None:
     """Decode a class-folder split once into {'images': (N,3,32,32) uint8, 'labels', 'classes'}, cached on disk.
 
-    With load=False it only makes sure the cache exists and returns None."""
+    The cache is verified on load (checksum) and keyed by the folder's contents (cache_key); a damaged or stale cache
+    is rebuilt with one line saying why, and the cache it supersedes is removed. With load=False it only makes sure
+    a cache for the current contents exists and returns None."""
+    split_dir = Path(split_dir)
     files, labels, classes = list_image_folder(split_dir)
-    stats = [(str(f.relative_to(split_dir)), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
-    key = hashlib.sha1(repr((str(Path(split_dir).resolve()), stats)).encode()).hexdigest()[:16]
-    cache = Path(cache_dir or config.data_root() / "cache") / f"{Path(split_dir).name}-{key}.pt"
+    folder_id, key = cache_key(split_dir, files)
+    cache_dir = ensure_folder(Path(cache_dir or config.data_root() / "cache"), "The cache folder")
+    cache = cache_dir / f"{split_dir.name}-{folder_id}-{key}.pt"
+    superseded = [p for p in cache_dir.glob(f"{split_dir.name}-{folder_id}-*.pt") if p != cache]
     if cache.exists():
-        return torch.load(cache, weights_only=True) if load else None  # tensors and str: no pickled code runs
-    print(f"Decoding {len(files)} images from {split_dir} once into {cache} ...", flush=True)
+        if not load:
+            return None
+        data, problem = read_cache(cache)
+        if data is not None:
+            return data
+        print(f"Cache {cache} is {problem}: decoding {split_dir} again.", flush=True)
+    elif superseded:
+        print(f"Cache {superseded[0]} is stale (the images in {split_dir} changed since it was written): decoding "
+              f"them again and removing it.", flush=True)
+    else:
+        print(f"Decoding {len(files)} images from {split_dir} once into {cache} ...", flush=True)
     images = torch.stack([decode_image(f) for f in files])
     data = {"images": images, "labels": torch.tensor(labels, dtype=torch.long), "classes": classes}
-    cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_suffix(f".tmp{os.getpid()}")
-    torch.save(data, tmp)
+    torch.save({**data, "checksum": checksum(data)}, tmp)
     tmp.replace(cache)  # atomic: a crash never leaves a half-written cache
+    for old in superseded:
+        old.unlink(missing_ok=True)
     return data
 
 

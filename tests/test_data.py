@@ -145,17 +145,20 @@ def test_prepare_data_after_setup_does_not_list_the_folder_again(tiny_folder, tm
 
 
 def test_cache_invalidated_when_folder_changes(make_folder, tmp_path):
-    """Renaming an image changes the cache key, so a stale cache is never read."""
+    """Removing an image changes the cache key, so a stale cache is never read; the superseded one is removed."""
     split = make_folder(tmp_path / "f" / "train", per_class=3)
     load_image_folder(split, tmp_path / "cache")
-    (split / "cat" / "0000.jpg").rename(split / "cat" / "zz.jpg")
+    sorted((split / "cat").iterdir())[0].unlink()
     data = load_image_folder(split, tmp_path / "cache")
-    assert len(list((tmp_path / "cache").glob("train-*.pt"))) == 2
-    assert len(data["labels"]) == 9
+    assert len(list((tmp_path / "cache").glob("train-*.pt"))) == 1
+    assert len(data["labels"]) == 8
 
 
-def test_full_folder_cached_in_repo_data_and_fast(cifar_folder, monkeypatch):
-    """The 50k folder's cache lives in the repo's data/cache and a second load takes under 2 s."""
+def test_full_folder_cached_in_repo_data_and_read_back(cifar_folder, monkeypatch):
+    """The 50k folder's cache lives in the repo's data/cache, and a second load reads it back without decoding one
+    image (its load time is printed; timing never fails a test)."""
+    import course_lib.data as data_module
+
     monkeypatch.delenv(config.DATA_ROOT_ENV, raising=False)  # use (and keep) the default cache the notebooks use
     assert config.data_root() == Path(__file__).resolve().parents[1] / "data"
     data = load_image_folder(cifar_folder / "train")  # decodes (~25 s) only if no cache exists yet
@@ -164,14 +167,11 @@ def test_full_folder_cached_in_repo_data_and_fast(cifar_folder, monkeypatch):
     assert data["classes"] == CIFAR10_CLASSES
     assert list((config.data_root() / "cache").glob("train-*.pt"))
     del data
-    timings = []
-    for _ in range(2):  # best of two: another process may be using the CPUs
-        start = time.perf_counter()
-        load_image_folder(cifar_folder / "train")
-        timings.append(time.perf_counter() - start)
-        if timings[-1] < 2:
-            break
-    assert min(timings) < 2, f"cached load took {timings} s"
+    monkeypatch.setattr(data_module, "decode_image", lambda path: pytest.fail(f"decoded {path} again"))
+    start = time.perf_counter()
+    again = load_image_folder(cifar_folder / "train")
+    print(f"cached load of 50,000 images: {time.perf_counter() - start:.2f} s")
+    assert again["images"].shape == (50_000, 3, 32, 32)
 
 
 # ---- bad inputs ------------------------------------------------------------------------------------------------
