@@ -120,11 +120,20 @@ def _running(p: psutil.Process) -> bool:
         return False
 
 
+def _resource_tracker(p: psutil.Process) -> bool:
+    """multiprocessing's resource tracker, which spawned workers start once; it exits with this process."""
+    try:
+        return "multiprocessing.resource_tracker" in " ".join(p.cmdline())
+    except psutil.NoSuchProcess:
+        return False
+
+
 def test_no_orphan_processes(children_before):
     """Runs last in this module: every process the DDP tests started has exited."""
     deadline = time.monotonic() + 10
     while True:
-        alive = [p for p in psutil.Process().children(recursive=True) if p.pid not in children_before and _running(p)]
+        alive = [p for p in psutil.Process().children(recursive=True) if p.pid not in children_before and _running(p)
+                 and not _resource_tracker(p)]
         if not alive or time.monotonic() > deadline:
             break
         time.sleep(0.2)
