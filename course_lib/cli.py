@@ -11,6 +11,7 @@ import traceback
 from pathlib import Path
 
 import lightning as L
+import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
@@ -22,6 +23,7 @@ from .modules import ImageClassifierModule
 
 DEBUG_ENV = "COURSE_DEBUG"  # set to 1 (or pass --debug) for the full traceback of the course's own errors
 PACKAGE = Path(__file__).resolve().parent
+PRECISION_ALIASES = {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true"}  # Lightning's short names
 
 
 class EpochLines(L.Callback):
@@ -144,11 +146,24 @@ class CourseCLI(LightningCLI):
                                   f"{key}={cfg.model.get(key)} (its weights fit only that model). Drop "
                                   f"--model.{key}, or train a new model with it (fit without --ckpt_path).")
 
+    @staticmethod
+    def _checked_precision(precision, accelerator):
+        """An explicit precision goes through the course's policy (config.choose_precision): one this hardware lacks
+        is an error naming the alternative, never Lightning's silent fallback (16-mixed on a CPU runs bf16)."""
+        name = PRECISION_ALIASES.get(str(precision), str(precision))
+        if precision is None or name not in config.PRECISIONS:
+            return precision  # Lightning's default (32-true), or a setting the policy does not cover (64-true, ...)
+        info = config.hardware()
+        if str(accelerator).lower() == "cpu":
+            info = {**info, "gpu": None}  # a CPU run on a GPU machine follows the CPU's rules
+        return config.choose_precision(name, info)
+
     def before_instantiate_classes(self) -> None:
         """Check the devices and precision against this machine, and point the outputs at the run folder."""
         cfg = self.config[self.subcommand] if self.subcommand else self.config
         trainer = cfg.trainer
         config.check_devices(trainer.accelerator, trainer.devices)
+        trainer.precision = self._checked_precision(trainer.precision, trainer.accelerator)
         self._check_explicit_model_flags(cfg)
         if self.subcommand in ("test", "validate", "predict") and cfg.data.get("test_folder") and not cfg.model.classes:
             raise CourseError(f"{cfg.get('ckpt_path') or 'This model'} records no class names, so the folders of "
@@ -186,6 +201,22 @@ def _course_error(err: BaseException) -> bool:
     return isinstance(err, CourseError) or bool(frames) and Path(frames[-1].filename).resolve().parent == PACKAGE
 
 
+def check_config_files(argv: list[str]) -> None:
+    """Parse every --config file first, so a YAML syntax error names its file and line (jsonargparse's does not)."""
+    paths = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--config", "-c")]
+    paths += [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+    for path in paths:
+        if not Path(path).is_file():
+            continue  # jsonargparse names a missing file itself
+        try:
+            yaml.safe_load(Path(path).read_text())
+        except yaml.YAMLError as err:
+            where = getattr(err, "problem_mark", None)
+            line = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+            raise CourseError(f"{path}: YAML syntax error{line}: {getattr(err, 'problem', None) or err}. Fix the "
+                              f"file (indentation and brackets are the usual culprits).") from None
+
+
 def _resume_command(args: list[str]) -> str:
     """The command line that resumes this run: the same arguments and --ckpt_path last."""
     kept, skip = [], False
@@ -204,6 +235,11 @@ def main(args: list[str] | None = None) -> CourseCLI:
     """Entry point; `args` lets tests call it in-process. A stopped fit exits 128 + the signal's number (130 for
     Ctrl+C, 143 for SIGTERM) and says how to resume; the course's own errors print as their message alone."""
     args, debug = _strip_debug(args)
+    try:
+        check_config_files(sys.argv[1:] if args is None else args)
+    except CourseError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
     stopper = StopAtStepEnd()
     defaults = log_defaults(sys.stdout.isatty())
     defaults["callbacks"] = [*defaults.get("callbacks", []), stopper]

@@ -134,3 +134,36 @@ def test_failed_fit_prints_the_message_alone_and_leaves_no_empty_run_folder(cli,
     assert not list((tmp_path / "build").rglob("version_*"))
     debug = cli("fit", "--debug", check=False, **env)
     assert debug.returncode == 1 and "Traceback" in debug.stderr
+
+
+def test_16_mixed_on_a_cpu_is_an_error_not_a_silent_bf16_run(capsys):
+    """--trainer.precision 16-mixed on a CPU stops with the policy's message (Lightning alone would run bf16-mixed)."""
+    from course_lib.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", "--config", str(REPO / "configs/lenet.yaml"), "--trainer.accelerator", "cpu",
+              "--trainer.precision", "16-mixed"])
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    assert "16-mixed" in err and "GPU" in err and "32-true" in err and "Traceback" not in err
+
+
+def test_precision_the_cpu_has_passes_through():
+    """32-true (and its short name 32) pass the policy unchanged on any machine."""
+    from course_lib.cli import CourseCLI
+
+    assert CourseCLI._checked_precision("32", "cpu") == "32-true"
+    assert CourseCLI._checked_precision(None, "auto") is None
+
+
+def test_yaml_syntax_error_names_the_file_and_line(tmp_path, capsys):
+    """A broken config names its file and line, before LightningCLI's parser (which names neither file)."""
+    from course_lib.cli import main
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer:\n  max_epochs: 2\n   devices: [1\n")
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", "--config", str(bad)])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "line 3" in err
