@@ -98,7 +98,8 @@ def ensure_folder(path: Path, what: str) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError) as err:
-        raise NotADirectoryError(f"{what} {path} cannot be created: {err.filename} is a file, not a folder. Point "
+        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
+        raise NotADirectoryError(f"{what} {path} cannot be created: {blocker} is a file, not a folder. Point "
                                  f"{config.DATA_ROOT_ENV} at a folder (or unset it for the checkout's data/).") from err
     return path
 
@@ -141,6 +142,7 @@ def load_torchvision_cifar10(root: str | Path, train: bool, mirror_url: str | No
     """torchvision's CIFAR-10 (download with progress and md5 check on first use) as uint8 tensors."""
     from torchvision.datasets import CIFAR10
 
+    ensure_folder(Path(root), "The download folder")  # a file there is not a slow host
     cls = type("CIFAR10Mirror", (CIFAR10,), {"url": mirror_url}) if mirror_url else CIFAR10
     try:
         ds = cls(root=str(root), train=train, download=True)
@@ -328,7 +330,7 @@ class CIFAR10DataModule(L.LightningDataModule):
     def prepare_data(self) -> None:
         """Download (torchvision) or decode into the cache (image folder), once, on one process."""
         if self.hparams.test_folder:
-            load_image_folder(self.hparams.test_folder, self.data_dir / "cache", load=False)
+            load_image_folder(self._test_folder(), self.data_dir / "cache", load=False)
         for split in ("train", "test", "val"):
             self._load(split, load=False)
 
@@ -361,6 +363,14 @@ class CIFAR10DataModule(L.LightningDataModule):
         self.val_set = self._dataset(val, hp.eval_subset)
         self.test_set = self._dataset(test, hp.eval_subset)
 
+    def _test_folder(self) -> Path:
+        """The --data.test_folder path, checked: a missing one is named as the test folder, with its remedy."""
+        folder = Path(self.hparams.test_folder)
+        if not folder.is_dir():
+            raise FileNotFoundError(f"Test folder {folder} (test_folder=, CLI --data.test_folder) does not exist. "
+                                    f"Pass a folder of <class>/*.jpg|png images whose class names the model knows.")
+        return folder
+
     def _model_classes(self) -> list[str] | None:
         """The class names the trainer's model records (from its checkpoint), or None; checked against its head."""
         hp = getattr(getattr(self.trainer, "lightning_module", None), "hparams", {}) if self.trainer else {}
@@ -373,7 +383,7 @@ class CIFAR10DataModule(L.LightningDataModule):
 
     def _foreign_test(self, folder: str) -> dict:
         """A <folder>/<class>/*.jpg test set whose class names are mapped onto the model's classes (self.classes)."""
-        data = load_image_folder(folder, self.data_dir / "cache")
+        data = load_image_folder(self._test_folder(), self.data_dir / "cache")
         unknown = sorted(set(data["classes"]) - set(self.classes))
         if unknown:
             raise ValueError(f"Test folder {folder} has classes {unknown} that the model was not trained on; "

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -14,6 +16,13 @@ from nbclient.exceptions import CellExecutionError
 from traitlets.config import Config
 
 from . import config
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # terminal colour and cursor codes (Jupyter's tracebacks carry them)
+
+
+def plain(text: str) -> str:
+    """Text without terminal codes, and with table pipes escaped, fit for a markdown table cell."""
+    return ANSI.sub("", text).replace("|", "\\|")
 
 
 def lesson_paths(folder: Path) -> list[Path]:
@@ -41,7 +50,7 @@ def run_lesson(path: Path, out_dir: Path, inplace: bool, timeout: int) -> dict:
         try:
             client.execute()
         except CellExecutionError as err:
-            error = str(err).strip().splitlines()[-1]
+            error = ANSI.sub("", str(err)).strip().splitlines()[-1]
     seconds = time.perf_counter() - start
     out_dir.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, out_dir / path.name)
@@ -58,9 +67,21 @@ def summary_markdown(rows: list[dict], size: str, hardware: str) -> str:
     for r in rows:
         figs = "; ".join(f"{f['name']} = {f['value']:.4g}{(' ' + f['unit']) if f['unit'] else ''}"
                          for f in r["figures"]) or "-"
-        status = "pass" if r["ok"] else f"FAIL: {r['error']}"
+        status = "pass" if r["ok"] else f"FAIL: {plain(r['error'] or '')}"
+        if r.get("earlier"):
+            status += f" (earlier run, {r['earlier']})"
         lines.append(f"| {r['lesson']} | {status} | {r['seconds']:.0f} s | {figs} |")
     return "\n".join(lines) + "\n"
+
+
+def merge_rows(previous: dict | None, rows: list[dict], size: str, hardware: str) -> list[dict]:
+    """This run's rows, plus the rows of an earlier run (same size and hardware) for the lessons not run now, each
+    marked with when it ran: running one lesson updates its line of the summary instead of replacing the summary."""
+    if not previous or previous.get("size") != size or previous.get("hardware") != hardware:
+        return rows
+    now = {r["lesson"] for r in rows}
+    kept = [{**r, "earlier": r.get("earlier") or previous["time"]} for r in previous["rows"] if r["lesson"] not in now]
+    return sorted(kept + rows, key=lambda r: r["lesson"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,10 +103,16 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(run_lesson(path, config.build_dir() / "notebooks", args.inplace, args.timeout))
         print(f"{'pass' if rows[-1]['ok'] else 'FAIL'} in {rows[-1]['seconds']:.0f} s"
               + (f": {rows[-1]['error']}" if rows[-1]["error"] else ""), flush=True)
+    record = config.build_dir() / "summary.json"  # every lesson's latest row, so partial runs merge
+    previous = json.loads(record.read_text()) if record.exists() else None
+    ran, rows = rows, merge_rows(previous, rows, size, hardware)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"size": size, "hardware": hardware, "time": time.strftime("%Y-%m-%d %H:%M"),
+                                  "rows": rows}, indent=1))
     summary = summary_markdown(rows, size, hardware)
     (config.build_dir() / "summary.md").write_text(summary)
     print("\n" + summary + f"\nExecuted notebooks and this summary are in {config.build_dir()}/")
-    return 0 if all(r["ok"] for r in rows) else 1
+    return 0 if all(r["ok"] for r in ran) else 1
 
 
 if __name__ == "__main__":

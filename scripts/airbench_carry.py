@@ -69,7 +69,7 @@ def check_data(root: Path) -> dict:
     check them; returns the image counts. A wrong layout fails here, on any machine, not on the GPU."""
     counts = {}
     for name in ("train", "test"):
-        data = torch.load(root / f"{name}.pt", map_location="cpu")  # weights_only by default: plain tensors only
+        data = torch.load(root / f"{name}.pt", map_location="cpu", weights_only=True)  # plain tensors only
         images, labels = data["images"], data["labels"]
         if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[1:] != (32, 32, 3):
             raise ValueError(f"{root}/{name}.pt: images must be uint8 (N, 32, 32, 3), got {images.dtype} "

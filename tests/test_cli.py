@@ -167,3 +167,16 @@ def test_yaml_syntax_error_names_the_file_and_line(tmp_path, capsys):
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert str(bad) in err and "line 3" in err
+
+
+def test_explicit_backbone_that_contradicts_the_checkpoint_is_an_error(cli, capsys):
+    """--model.backbone simple_cnn with a LeNet checkpoint is refused, naming both (LightningCLI alone silently
+    replaces the flag with the checkpoint's hyperparameters)."""
+    from course_lib.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["test", "--config", str(REPO / "configs/lenet.yaml"), "--model.backbone", "simple_cnn",
+              "--ckpt_path", str(cli.run_dir / "checkpoints" / "last.ckpt")])
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    assert "--model.backbone simple_cnn contradicts" in err and "backbone=lenet" in err

@@ -366,3 +366,26 @@ def test_carved_test_split_of_other_classes_than_the_models_is_refused(make_fold
                                                                         classes=["airplane", "cat", "ship"]))
     with pytest.raises(ValueError, match="labels would be wrong"):
         dm.setup("test")
+
+
+def test_missing_test_folder_names_the_test_folder(tiny_folder, tmp_path):
+    """A --data.test_folder that does not exist is named as the test folder, not blamed on COURSE_DATA."""
+    dm = tiny_dm(tiny_folder, tmp_path, test_folder=str(tmp_path / "nope"))
+    with pytest.raises(FileNotFoundError, match="Test folder .*nope.*--data.test_folder") as err:
+        dm.prepare_data()
+    assert "COURSE_DATA" not in str(err.value)
+
+
+def test_data_root_that_is_a_file_fails_before_decoding(tiny_folder, tmp_path, monkeypatch):
+    """COURSE_DATA_ROOT naming a file fails at once, naming it and the setting, before any image is decoded; the
+    torchvision download says the same instead of blaming a slow host."""
+    import course_lib.data as data_module
+
+    blocker = tmp_path / "root.txt"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv(config.DATA_ROOT_ENV, str(blocker))
+    monkeypatch.setattr(data_module, "decode_image", lambda path: pytest.fail("decoded before failing"))
+    with pytest.raises(NotADirectoryError, match=f"{blocker}.*is a file.*COURSE_DATA_ROOT"):
+        CIFAR10DataModule(image_folder=str(tiny_folder)).prepare_data()
+    with pytest.raises(NotADirectoryError, match="COURSE_DATA_ROOT"):
+        load_torchvision_cifar10(blocker, train=True, mirror_url="http://127.0.0.1:9/none.tar.gz")
