@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from typing import Callable
 
-from .exercise import forbidden, grade, mechanism, ratio_check
+from .exercise import forbidden, grade, mechanism, ratio_check, torch_calls
 
 
 # ---- lesson 03: a data pipeline that keeps the device busy ----------------------------------------------------
@@ -55,7 +55,7 @@ def mechanism_03(make_data: Callable, batch_size: int = 256, steps: int = 3) -> 
     return mechanism("Exercise 1", problems)
 
 
-def check_03_data_wait(make_data: Callable, target: float = 2.0, max_wait: float | None = None,
+def check_03_data_wait(make_data: Callable, target: float = 1.5, max_wait: float | None = None,
                        batch_size: int = 256, measure: bool = True) -> bool:
     """Lesson 03: make_data(batch_size, subset) -> a DataModule over the first `subset` JPEG files (the
     mechanism_03 rules); passes when its images/s is >= target x the JPEG pipeline's (num_workers=0) and its
@@ -135,6 +135,10 @@ def check_08_batch_augment(augment: Callable, target: float = 3.0, pad: int = 2,
     if not (out.shape == x.shape and torch.allclose(out, per_image_augment(x, shifts, flips, pad), atol=1e-6)):
         problems.append("the result differs from the starter's: it must normalise, crop and mirror exactly as the "
                         "starter does")
+    small, large = (torch_calls(augment, x[:n], shifts[:, :n], flips[:n], pad) for n in (8, 64))
+    if large > small + 8:  # a batch operation makes the same calls for 8 images as for 64
+        problems.append(f"it makes {small} torch calls for 8 images and {large} for 64: it still works one image "
+                        f"at a time")
     ok = mechanism("Exercise 2", problems)
     if not (ok and measure):
         return ok

@@ -1,5 +1,7 @@
-"""Every measured exercise: its check fails with the lesson's unchanged starter code and passes with the reference
-solution in notebooks/solutions/, both at the size the tests run (smoke in `make test`)."""
+"""Every measured exercise, end to end: the notebooks' EXERCISE/CHECK cells are in place and numbered in order, and
+each reference solution passes its full check once, measured, with generous bars (timing never fails `make test`:
+the real targets are graded in `make course`; the starters and shortcuts fail the clock-free mechanism checks in
+tests/test_exercise_checks.py)."""
 from __future__ import annotations
 
 import json
@@ -8,11 +10,14 @@ import runpy
 from pathlib import Path
 
 import pytest
+import torch
 
-from course_lib import exercise
+from course_lib import exercise, exercise_data, exercise_hardware
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 MARK = re.compile(r"^# (EXERCISE|CHECK) (\d+)\b")
+NUMBERED = re.compile(r'^# (?:EXERCISE|CHECK) (\d+)\b|"Exercise (\d+)"', re.M)
+GENEROUS = 0.75  # "not much slower than the baseline": what a loaded 2-core machine cannot break
 
 
 def exercise_cells(path: Path) -> dict[str, dict[str, str]]:
@@ -26,44 +31,98 @@ def exercise_cells(path: Path) -> dict[str, dict[str, str]]:
     return found
 
 
-CASES = [(p, n) for p in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")) for n in exercise_cells(p)]
+LESSONS = sorted(NOTEBOOKS.glob("0[0-8]_*.ipynb"))
+CASES = [(p, n) for p in LESSONS for n in exercise_cells(p)]
 
 
-def run_check(check_src: str, namespace: dict) -> bool:
-    """Run a CHECK cell in the namespace holding the learner's (or the solution's) code; its `passed` value."""
-    ns = dict(namespace)
-    exec(compile(check_src, "<check cell>", "exec"), ns)
-    assert isinstance(ns.get("passed"), bool), "a CHECK cell must set `passed` to the check's True/False"
-    return ns["passed"]
-
-
-@pytest.mark.parametrize("path, number", CASES, ids=[f"{p.stem[:2]}-{n}" for p, n in CASES])
-def test_check_fails_on_the_starter_and_passes_on_the_solution(path, number):
-    """The starter cell as committed does not reach the target; the reference solution does."""
-    cells = exercise_cells(path)[number]
-    assert set(cells) == {"EXERCISE", "CHECK"}, f"{path.name} exercise {number} needs an EXERCISE and a CHECK cell"
-    assert "solutions" not in cells["CHECK"], "the check cell must load the learner's code, never the solution"
-    starter: dict = {}
-    exec(compile(cells["EXERCISE"], "<starter cell>", "exec"), starter)
-    assert run_check(cells["CHECK"], starter) is False
-    solution = runpy.run_path(str(NOTEBOOKS / "solutions" / f"{path.stem}.py"))
-    assert run_check(cells["CHECK"], solution) is True
+def solution(stem: str) -> dict:
+    """The reference solution's namespace."""
+    return runpy.run_path(str(NOTEBOOKS / "solutions" / f"{stem}.py"))
 
 
 def test_lessons_keep_their_measured_exercises():
-    """Lessons 01-08 each carry at least one EXERCISE/CHECK pair with a solution file."""
+    """Lessons 01-08 each carry an EXERCISE/CHECK pair with a solution file; a CHECK never loads the solution."""
     lessons = {p.stem for p, _ in CASES}
-    expected = {p.stem for p in NOTEBOOKS.glob("0[1-8]_*.ipynb")}
-    assert lessons >= expected, f"missing: {sorted(expected - lessons)}"
-    for stem in lessons:
-        assert (NOTEBOOKS / "solutions" / f"{stem}.py").exists(), stem
+    assert lessons >= {p.stem for p in LESSONS if not p.stem.startswith("00")}
+    for path, number in CASES:
+        cells = exercise_cells(path)[number]
+        assert set(cells) == {"EXERCISE", "CHECK"}, f"{path.name} exercise {number}"
+        assert "solutions" not in cells["CHECK"]
+        assert (NOTEBOOKS / "solutions" / f"{path.stem}.py").exists()
 
 
-def test_ratio_check_passes_at_the_target_and_not_below(capsys):
-    """The ratio of medians decides; the verdict line names the target and the per-round spread."""
-    costs = iter([4.0, 1.0, 4.0, 2.0, 4.0, 1.0])  # baseline, learner, ... : medians 4 and 1
-    assert exercise.ratio_check("Ex", lambda: next(costs), lambda: next(costs), target=3.0) is True
-    out = capsys.readouterr().out
-    assert "4.00x" in out and "target >= 3x" in out and "2.00-4.00x" in out and "passed" in out
-    assert exercise.ratio_check("Ex", lambda: 1.0, lambda: 2.0, target=3.0, repeats=2) is False
-    assert "not yet" in capsys.readouterr().out
+@pytest.mark.parametrize("path", LESSONS, ids=[p.stem[:2] for p in LESSONS])
+def test_exercises_are_numbered_1_2_3_in_order(path):
+    """The exercise numbers in the code cells (marks and the names the checks print) run 1, 2, 3... in order."""
+    seen: list[int] = []
+    for cell in json.loads(path.read_text())["cells"]:
+        if cell["cell_type"] == "code":
+            for m in NUMBERED.finditer("".join(cell["source"])):
+                n = int(m.group(1) or m.group(2))
+                if n not in seen:
+                    seen.append(n)
+    assert seen == list(range(1, len(seen) + 1)), f"{path.name}: exercises in the order {seen}"
+
+
+def test_warm_up_checks_show_no_answer():
+    """A warm-up's check call passes the lesson's objects to course_lib.warmups; it never writes the expression."""
+    for path in LESSONS:
+        for cell in json.loads(path.read_text())["cells"]:
+            src = "".join(cell["source"])
+            if cell["cell_type"] == "code" and re.search(r"answer_\d+ = None", src):
+                assert "warmups." in src and "check(" not in src, f"{path.name}: {src[:80]!r}"
+
+
+# ---- one measured run of every solution, generous bars --------------------------------------------------------
+def test_01_solution_measured():
+    assert exercise.check_01_loop(solution("01_pytorch_baseline")["train"], target=GENEROUS) is True
+
+
+def test_02_solution_measured():
+    assert exercise.check_02_trainer(solution("02_lightning")["trainer_settings"], target=GENEROUS) is True
+
+
+def test_03_solution_measured():
+    # the data-wait bar stays the lesson's: it is a fraction of one run's own time, not a race against another run
+    assert exercise_data.check_03_data_wait(solution("03_gpu_and_data")["make_data"], target=GENEROUS) is True
+
+
+def test_04_starter_fails_and_solution_passes():
+    """Saved-for-backward bytes are counted, not timed: the lesson's own target, deterministic."""
+    assert exercise_hardware.check_04_activation_memory(exercise_hardware.plain_train_step) is False
+    assert exercise_hardware.check_04_activation_memory(solution("04_mixed_precision")["train_step"]) is True
+
+
+def test_05_solution_measured():
+    assert exercise_hardware.check_05_fusion(solution("05_compile_and_tuning")["activation"], target=GENEROUS)
+
+
+def test_06_solution_measured():
+    assert exercise_hardware.check_06_allreduce(solution("06_ddp")["average_gradients"], target=GENEROUS) is True
+
+
+def test_07_solution_measured_through_a_trained_network():
+    """A quickly trained ResNet-9 (16 steps) and real held-out images: the agreement bar is the lesson's."""
+    import torch.nn.functional as F
+
+    from course_lib import runs
+    from course_lib.models import ResNet9
+
+    dm = runs.datamodule("07_quantization", batch_size=64, seed=0)
+    dm.prepare_data()
+    dm.setup("fit")
+    torch.manual_seed(0)
+    net = ResNet9(width=8)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9, nesterov=True)
+    batches = list(dm.train_dataloader())[:16]
+    for x, y in batches:
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+    calib = [x for x, _ in batches[:4]]
+    assert exercise_hardware.check_07_inference(solution("07_quantization")["quantize"], net.eval(), calib,
+                                                dm.test_dataloader(), target=GENEROUS) is True
+
+
+def test_08_solution_measured():
+    assert exercise_data.check_08_batch_augment(solution("08_capstone")["augment"], target=GENEROUS) is True

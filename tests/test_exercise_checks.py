@@ -1,0 +1,186 @@
+"""The exercises' checks without a clock: grading from injected costs (met, missed, noisy), and each lesson's
+mechanism check on the starter (fails), the shortcuts a learner might try (fail) and the reference solution
+(passes). Real timings: one run per exercise in tests/test_exercises.py with generous bars, and in `make course`."""
+from __future__ import annotations
+
+import json
+import runpy
+from pathlib import Path
+
+import pytest
+import torch
+
+from course_lib import exercise, exercise_data, exercise_hardware
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+
+
+def cell(lesson: str, mark: str) -> dict:
+    """Run the notebook cell of `lesson` whose source starts with `mark` (e.g. '# EXERCISE 1'); its namespace."""
+    nb = json.loads(next(NOTEBOOKS.glob(f"{lesson}_*.ipynb")).read_text())
+    src = next("".join(c["source"]) for c in nb["cells"] if "".join(c["source"]).startswith(mark))
+    ns: dict = {}
+    exec(compile(src, f"<{lesson} {mark}>", "exec"), ns)
+    return ns
+
+
+def solution(lesson: str) -> dict:
+    """The reference solution's namespace."""
+    return runpy.run_path(str(next((NOTEBOOKS / "solutions").glob(f"{lesson}_*.py"))))
+
+
+# ---- grading, with injected costs ---------------------------------------------------------------------------
+def test_grade_passes_when_the_median_ratio_meets_the_target(capsys):
+    assert exercise.grade("Ex", [4.0, 4.0, 4.0], [1.0, 2.0, 1.0], target=3.0) is True  # medians 4 and 1
+    out = capsys.readouterr().out
+    assert "4.00x" in out and "target >= 3x" in out and "2.00-4.00x" in out and "passed" in out
+
+
+def test_grade_misses_below_the_target(capsys):
+    assert exercise.grade("Ex", [2.0, 2.0], [1.0, 1.0], target=3.0) is False
+    out = capsys.readouterr().out
+    assert "not yet" in out and "straddle" not in out
+
+
+def test_grade_on_noisy_rounds_lets_the_median_decide_and_says_so(capsys):
+    """Rounds 1.5x, 3.5x, 3.2x: the median (3.2x of the medians) passes, and the verdict flags the spread."""
+    assert exercise.grade("Ex", [1.5, 3.5, 3.2], [1.0, 1.0, 1.0], target=3.0) is True
+    assert "straddle the target" in capsys.readouterr().out
+    assert exercise.grade("Ex", [1.5, 2.0, 3.5], [1.0, 1.0, 1.0], target=3.0) is False  # median round 2.0x
+
+
+def test_grade_rejects_bad_costs():
+    with pytest.raises(ValueError, match="positive"):
+        exercise.grade("Ex", [1.0], [0.0], target=2.0)
+    with pytest.raises(ValueError, match="one baseline and one learner cost per round"):
+        exercise.grade("Ex", [1.0, 2.0], [1.0], target=2.0)
+
+
+def test_ratio_check_alternates_the_two_sides():
+    order = []
+    exercise.ratio_check("Ex", lambda: order.append("mine") or 1.0, lambda: order.append("base") or 2.0, 1.5, 2)
+    assert order == ["base", "mine", "base", "mine"]
+
+
+def test_forbidden_sees_calls_through_imported_names():
+    """A function imported into a learner's namespace is still caught (the check watches the code object)."""
+    from course_lib.data import crop_flip
+
+    x = torch.zeros(2, 3, 4, 4)
+    with exercise.forbidden(crop_flip) as called:
+        crop_flip(x, torch.zeros(2, 2, dtype=torch.long), torch.zeros(2, dtype=torch.bool), 1)
+    assert called == ["crop_flip"]
+    with exercise.forbidden(crop_flip) as called:
+        x.flip(3)
+    assert called == []
+
+
+# ---- lesson 01: the learner's loop ------------------------------------------------------------------------------
+def test_01_starter_misses_the_loss_bar():
+    assert exercise.check_01_loop(cell("01", "# EXERCISE 1")["train"], measure=False) is False
+
+
+def test_01_shortcuts_fail():
+    """A bigger batch alone (no learning-rate change), the library's loop, and reading more images."""
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader
+
+    def bigger_batch_only(net, train_set, images):
+        opt = torch.optim.SGD(net.parameters(), lr=0.001, momentum=0.9)
+        for x, y in DataLoader(train_set, batch_size=64, collate_fn=lambda b: b):
+            opt.zero_grad()
+            F.cross_entropy(net(x), y).backward()
+            opt.step()
+
+    def library_loop(net, train_set, images):
+        from course_lib.loops import train_plain
+        train_plain(net, DataLoader(train_set, batch_size=32, shuffle=True, collate_fn=lambda b: b), 1, lr=0.05)
+
+    def no_training(net, train_set, images):
+        pass
+
+    for shortcut in (bigger_batch_only, library_loop, no_training):
+        assert exercise.check_01_loop(shortcut, measure=False) is False, shortcut.__name__
+
+
+def test_01_solution_passes_the_mechanism():
+    assert exercise.check_01_loop(solution("01")["train"], measure=False) is True
+
+
+# ---- lesson 02: keep the debugging setup's purpose, drop its cost --------------------------------------------
+def test_02_starter_and_shortcuts_fail():
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import CSVLogger
+
+    starter = cell("02", "# EXERCISE 3")["trainer_settings"]
+    assert exercise.check_02_trainer(starter, measure=False) is False  # anomaly detection still on
+    assert exercise.check_02_trainer(lambda: dict(barebones=True), measure=False) is False
+    assert exercise.check_02_trainer(lambda: dict(logger=False, enable_checkpointing=False), measure=False) is False
+
+    def no_guard(tmp=Path(__import__("tempfile").mkdtemp())):
+        return dict(logger=CSVLogger(tmp), callbacks=[ModelCheckpoint(dirpath=tmp / "ckpt")])
+    assert exercise.check_02_trainer(no_guard, measure=False) is False  # a NaN run goes on
+
+
+def test_02_solution_passes_the_mechanism():
+    assert exercise.check_02_trainer(solution("02")["trainer_settings"], measure=False) is True
+
+
+# ---- lesson 03: a pipeline built by the learner ---------------------------------------------------------------
+def test_03_starter_and_library_pipeline_fail():
+    from course_lib import runs
+
+    assert exercise_data.check_03_data_wait(cell("03", "# EXERCISE 1")["make_data"], measure=False) is False
+    library = lambda b, s: runs.datamodule("03_gpu_and_data", batch_size=b)  # noqa: E731
+    assert exercise_data.check_03_data_wait(library, measure=False) is False
+
+
+def test_03_workers_and_the_solution_pass_the_mechanism():
+    """Decoding in DataLoader workers is one of the two mechanisms the exercise accepts (its speed is measured)."""
+    from course_lib import jpeg
+
+    workers = lambda b, s: jpeg.JpegDataModule(b, subset=s, num_workers=1)  # noqa: E731
+    assert exercise_data.check_03_data_wait(workers, measure=False) is True
+    assert exercise_data.check_03_data_wait(solution("03")["make_data"], measure=False) is True
+
+
+# ---- lesson 07: the learner's own int8 program -----------------------------------------------------------------
+def _07_inputs():
+    from course_lib.models import ResNet9
+
+    torch.manual_seed(0)
+    net = ResNet9(width=8).eval()
+    g = torch.Generator().manual_seed(1)
+    return net, [torch.randn(16, 3, 32, 32, generator=g)], [(torch.randn(64, 3, 32, 32, generator=g), None)]
+
+
+def test_07_starter_and_shortcuts_fail():
+    from course_lib import compress
+
+    net, calib, held = _07_inputs()
+    starter = cell("07", "# EXERCISE 2")["quantize"]
+    for quantize in (starter, lambda m, c: compress.quantize_ptq(m, c), lambda m, c: compress.export(m).module(),
+                     lambda m, c: compress.quantize_linear_int8(m)):
+        assert exercise_hardware.check_07_inference(quantize, net, calib, held, measure=False) is False
+
+
+def test_07_solution_graph_holds_int8_ops():
+    net, calib, _ = _07_inputs()
+    int8, qdq = exercise_hardware.int8_graph_report(solution("07")["quantize"](net, calib))
+    assert int8 >= 9 and qdq > 0  # 8 convolutions and the linear layer
+
+
+# ---- lesson 08: one batch operation, not the library's kernel ------------------------------------------------
+def test_08_starter_and_shortcuts_fail():
+    from course_lib import data
+
+    starter = cell("08", "# EXERCISE 2")["augment"]
+    assert exercise_data.check_08_batch_augment(starter, measure=False) is False  # one image at a time
+    kernel = lambda x, s, f, p: data.crop_flip(data.to_float(x), s, f, p, mode="reflect")  # noqa: E731
+    assert exercise_data.check_08_batch_augment(kernel, measure=False) is False
+    no_flip = lambda x, s, f, p: data.to_float(x)  # noqa: E731  (fast, wrong)
+    assert exercise_data.check_08_batch_augment(no_flip, measure=False) is False
+
+
+def test_08_solution_passes_the_mechanism():
+    assert exercise_data.check_08_batch_augment(solution("08")["augment"], measure=False) is True
