@@ -197,7 +197,7 @@ def test_device_data_module_trains_validates_and_tests(dm_kwargs):
     dm = DeviceCIFAR10DataModule(**dm_kwargs)
     trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(ImageClassifierModule("simple_cnn"), datamodule=dm)
+    trainer.fit(ImageClassifierModule("simple_cnn", num_classes=3), datamodule=dm)  # tiny_folder: 3 classes
     assert "val_acc" in trainer.callback_metrics
     acc = trainer.test(trainer.lightning_module, datamodule=dm, verbose=False)[0]["test_acc"]
     module = trainer.lightning_module.eval()
