@@ -60,7 +60,7 @@ def test_more_gpus_than_present_fails_with_the_remedy(monkeypatch):
         monkeypatch.setattr(torch.cuda, "device_count", lambda have=have: have)
         with pytest.raises(ValueError, match=rf"devices=8 asks for 8 GPU\(s\).* has {have} visible") as err:
             cli.main(["fit", "--config", str(REPO / "configs/lenet.yaml"), "--trainer.accelerator", "gpu",
-                      "--trainer.devices", "8"])
+                      "--trainer.devices", "8", "--debug"])  # --debug: the error itself, not the CLI's exit
         assert "--trainer.accelerator cpu" in str(err.value) and "--trainer.num_nodes" in str(err.value)
     assert "--trainer.devices 1 " in str(err.value)  # with one GPU: use the one that exists
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
@@ -74,33 +74,25 @@ def test_more_gpus_than_present_fails_with_the_remedy(monkeypatch):
 
 def test_torchrun_cli_ddp_two_cpu_processes(tmp_path, tiny_folder):
     """`torchrun --nproc_per_node 2 -m course_lib fit ... --trainer.strategy ddp` on CPU: both ranks train, and only
-    rank 0 writes logs, the saved config and checkpoints."""
-    cfg = yaml.safe_load((REPO / "configs/lenet.yaml").read_text())
-    callback = cfg["trainer"]["callbacks"][0]
-    override = {"trainer": {  # lenet.yaml's logger and checkpoint, pointed at tmp
-        "logger": {**cfg["trainer"]["logger"], "init_args": {"save_dir": str(tmp_path / "runs"), "name": "logs"}},
-        "callbacks": [{**callback, "init_args": {**callback["init_args"], "dirpath": str(tmp_path / "ckpt")}}],
-    }}
-    (tmp_path / "override.yaml").write_text(yaml.safe_dump(override))
+    rank 0 writes logs, the saved config and checkpoints (in $COURSE_BUILD/runs/<run_name>)."""
     env = {**os.environ, "COURSE_SIZE": "smoke", "COURSE_DATA": str(tiny_folder),
            "COURSE_DATA_ROOT": str(tmp_path / "data"), "COURSE_BUILD": str(tmp_path / "build"), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "course_lib", "fit", "--config", "configs/lenet.yaml", "--config", str(tmp_path / "override.yaml"),
-           "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp",
-           "--trainer.default_root_dir", str(tmp_path)]
+           "-m", "course_lib", "fit", "--config", "configs/lenet.yaml", "--model.num_classes", "3",  # 3-class folder
+           "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
     result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     log = result.stdout + result.stderr
     assert result.returncode == 0, f"exit {result.returncode}\n{log[-4000:]}"
     assert "GLOBAL_RANK: 0, MEMBER: 1/2" in log and "GLOBAL_RANK: 1, MEMBER: 2/2" in log
     assert "distributed_backend=gloo" in log
     # rank zero only: one log version, one saved config, one set of checkpoints
-    assert [p.name for p in (tmp_path / "runs" / "logs").iterdir()] == ["version_0"]
-    version = tmp_path / "runs" / "logs" / "version_0"
-    assert "val_acc" in (version / "metrics.csv").read_text()
-    assert yaml.safe_load((version / "config.yaml").read_text())["trainer"]["strategy"] == "ddp"
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name != "last.ckpt")[0].startswith("epoch=0")
-    ckpt = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
-    assert len(list((tmp_path / "ckpt").iterdir())) == 2 and ckpt["global_step"] >= 1
+    run = tmp_path / "build" / "runs" / "lenet"
+    assert [p.name for p in (run / "logs").iterdir()] == ["version_0"]
+    assert "val_acc" in (run / "logs" / "version_0" / "metrics.csv").read_text()
+    saved = [yaml.safe_load(p.read_text()) for p in run.rglob("config.yaml")]
+    assert len(saved) == 1 and saved[0]["trainer"]["strategy"] == "ddp"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best.ckpt", "last.ckpt"]
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] >= 1
 
 
 def test_script_path_lightning_launches_the_ranks(tmp_path, tiny_folder, monkeypatch):
