@@ -247,10 +247,9 @@ class EpochSampler(Sampler[int]):
 
 
 class ResumableLoader(DataLoader):
-    """A DataLoader that resumes mid-epoch: a run restored from a checkpoint saved inside an epoch continues at the
-    batch after the last one it completed, with the CPU random state of that moment (augmentation draws from it),
-    so it sees the batches an unbroken run would. position() is the loop's count of this epoch's batches done,
-    which Lightning restores from the checkpoint; it is 0 whenever an epoch starts afresh."""
+    """A DataLoader that resumes mid-epoch: built after a checkpoint was restored (rng_state given), its first pass
+    skips the batches the restored loop had done, position(), and restores the CPU random state of that moment
+    (augmentation draws from it), so the run sees the batches an unbroken one would. Later passes start afresh."""
 
     def __init__(self, *args, position=None, rng_state: torch.Tensor | None = None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -267,9 +266,9 @@ class ResumableLoader(DataLoader):
     def __iter__(self):
         rng_state, self.rng_state = self.rng_state, None
         batches = super().__iter__()
-        for _ in range(self.position() if self.position else 0):  # non-zero only when resuming mid-epoch
-            next(batches)
-        if rng_state is not None:
+        if rng_state is not None:  # the first pass after a restore
+            for _ in range(self.position() if self.position else 0):
+                next(batches)
             torch.set_rng_state(rng_state)
         yield from batches
 

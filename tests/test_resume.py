@@ -129,3 +129,15 @@ def test_crashed_run_saves_last_and_resumes_exactly(tiny_folder, tmp_path):
     assert torch.load(tmp_path / "b" / "last.ckpt", weights_only=True)["global_step"] == TOTAL
     for (key, value), other in zip(straight.state_dict().items(), resumed.state_dict().values()):
         torch.testing.assert_close(other, value, atol=1e-6, rtol=1e-5, msg=key)
+
+
+def test_loader_skips_only_on_its_first_pass_after_a_restore(tiny_folder, tmp_path):
+    """The skip applies once, and only to a loader built after a checkpoint restore: a DataModule still attached to
+    an earlier, finished trainer hands a new fit its whole epoch."""
+    dm = CIFAR10DataModule(image_folder=str(tiny_folder), data_dir=str(tmp_path / "data"), batch_size=BATCH)
+    dm.setup("fit")
+    dm._batches_done = lambda: 2  # what an earlier trainer's finished loop would report
+    assert len(list(dm.train_dataloader())) == 6
+    dm.load_state_dict(dm.state_dict())
+    resumed = dm.train_dataloader()
+    assert len(list(resumed)) == 4 and len(list(resumed)) == 6
