@@ -11,8 +11,7 @@ import traceback
 from pathlib import Path
 
 import lightning as L
-import yaml
-from jsonargparse import Namespace
+from jsonargparse import Namespace, get_loader
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -63,6 +62,8 @@ class StopAtStepEnd(L.Callback):
     def _on_sigint(self, signum, frame) -> None:
         if self.signum is not None:  # pressed twice: the user wants out now
             signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):  # Lightning's handler absent (Windows)
             raise KeyboardInterrupt
         self.signum = signum
         print("\nCtrl+C: stopping after this step and saving last.ckpt (press Ctrl+C again to stop at once) ...",
@@ -196,9 +197,11 @@ def _strip_debug(args: list[str] | None) -> tuple[list[str] | None, bool]:
 
 
 def _course_error(err: BaseException) -> bool:
-    """Whether the course raised this error itself (its message names the remedy) rather than a library."""
+    """Whether the course raised this error on purpose (bad input; its message names the remedy), not a library
+    and not a bug (KeyError, TypeError, ... keep their traceback)."""
     frames = traceback.extract_tb(err.__traceback__)
-    return isinstance(err, CourseError) or bool(frames) and Path(frames[-1].filename).resolve().parent == PACKAGE
+    raised_here = bool(frames) and Path(frames[-1].filename).resolve().parent == PACKAGE
+    return isinstance(err, CourseError) or raised_here and isinstance(err, (ValueError, OSError, RuntimeError))
 
 
 def check_config_files(argv: list[str]) -> None:
@@ -209,8 +212,8 @@ def check_config_files(argv: list[str]) -> None:
         if not Path(path).is_file():
             continue  # jsonargparse names a missing file itself
         try:
-            yaml.safe_load(Path(path).read_text())
-        except yaml.YAMLError as err:
+            get_loader("yaml")(Path(path).read_text())  # the loader LightningCLI's parser itself uses
+        except Exception as err:  # yaml's errors (pyyaml comes with jsonargparse, not as our own dependency)
             where = getattr(err, "problem_mark", None)
             line = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
             raise CourseError(f"{path}: YAML syntax error{line}: {getattr(err, 'problem', None) or err}. Fix the "
@@ -247,9 +250,12 @@ def main(args: list[str] | None = None) -> CourseCLI:
         return CourseCLI(ImageClassifierModule, CIFAR10DataModule, seed_everything_default=0, args=args,
                          save_config_kwargs={"overwrite": True}, trainer_defaults=defaults)
     except SIGTERMException:
-        name = signal.Signals(stopper.signum or signal.SIGTERM).name
-        print(f"\nStopped by {name} at {stopper.stopped_at or 'the start'}; last.ckpt holds that state. "
-              f"Resume with:\n  {_resume_command(sys.argv[1:] if args is None else args)}", file=sys.stderr)
+        name, argv = signal.Signals(stopper.signum or signal.SIGTERM).name, sys.argv[1:] if args is None else args
+        if "fit" in argv[:1]:
+            print(f"\nStopped by {name} at {stopper.stopped_at or 'the start'}; last.ckpt holds that state. "
+                  f"Resume with:\n  {_resume_command(argv)}", file=sys.stderr)
+        else:
+            print(f"\nStopped by {name}.", file=sys.stderr)
         raise SystemExit(128 + (stopper.signum or signal.SIGTERM)) from None
     except Exception as err:
         if debug or not _course_error(err):

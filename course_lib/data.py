@@ -1,18 +1,17 @@
 """CIFAR-10 from torchvision's download or from any image folder, cached as uint8 tensors, behind one DataModule."""
 from __future__ import annotations
 
-import hashlib
-import os
-import zlib
 from pathlib import Path
 
 import lightning as L
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset
 
 from . import config
+from .cache import cached_split, ensure_folder
+from .sampling import EpochSampler, ResumableLoader
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)  # per-channel statistics of the CIFAR-10 training images
@@ -57,85 +56,19 @@ def decode_image(path: Path) -> torch.Tensor:
     return torch.from_numpy(arr.copy()).permute(2, 0, 1)
 
 
-CACHE_SAMPLE = 64  # files whose bytes go into the cache key, evenly spread (every file's size and mtime go in too)
-
-
-def cache_key(split_dir: Path, files: list[Path]) -> tuple[str, str]:
-    """(folder id, content key) of a split's cache: a hash of the folder's path, and a hash of the file list with
-    sizes and mtimes plus the bytes of CACHE_SAMPLE files, which also catches edits that keep size and mtime."""
-    content = hashlib.sha1()
-    for f in files:
-        st = f.stat()
-        content.update(f"{f.relative_to(split_dir)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    for f in files[::max(1, len(files) // CACHE_SAMPLE)][:CACHE_SAMPLE]:
-        content.update(f.read_bytes())
-    return hashlib.sha1(str(split_dir.resolve()).encode()).hexdigest()[:8], content.hexdigest()[:16]
-
-
-def checksum(data: dict) -> int:
-    """CRC-32 of a decoded split (image bytes, labels, class names), stored in its cache and checked on load: it
-    catches damage, not tampering, at about 2 GB/s (0.1 s for the 154 MB of CIFAR-10's training images)."""
-    crc = zlib.crc32(data["images"].contiguous().numpy())  # the tensor's buffer, no copy
-    crc = zlib.crc32(data["labels"].contiguous().numpy(), crc)
-    return zlib.crc32("\n".join(data["classes"]).encode(), crc)
-
-
-def read_cache(path: Path) -> tuple[dict | None, str]:
-    """A cache file's split, or None and what is wrong with it (unreadable, or a checksum that does not match)."""
-    try:
-        data = torch.load(path, weights_only=True)  # tensors and str: no pickled code runs
-    except Exception as err:  # a truncated or garbled file: torch raises RuntimeError, pickle errors and others
-        return None, f"damaged (unreadable: {type(err).__name__})"
-    try:
-        ok = data.pop("checksum") == checksum(data)
-    except Exception:  # not a dict, or keys missing: written by something else
-        ok = False
-    return (data, "") if ok else (None, "damaged (its checksum does not match its contents)")
-
-
-def ensure_folder(path: Path, what: str) -> Path:
-    """Create a folder for outputs, with an error naming the setting when a file is in the way."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError) as err:
-        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
-        raise NotADirectoryError(f"{what} {path} cannot be created: {blocker} is a file, not a folder. Point "
-                                 f"{config.DATA_ROOT_ENV} at a folder (or unset it for the checkout's data/).") from err
-    return path
-
-
 def load_image_folder(split_dir: str | Path, cache_dir: str | Path | None = None, load: bool = True) -> dict | None:
     """Decode a class-folder split once into {'images': (N,3,32,32) uint8, 'labels', 'classes'}, cached on disk.
 
-    The cache is verified on load (checksum) and keyed by the folder's contents (cache_key); a damaged or stale cache
-    is rebuilt with one line saying why, and the cache it supersedes is removed. With load=False it only makes sure
-    a cache for the current contents exists and returns None."""
+    The cache is verified on load and keyed by the folder's contents (see course_lib.cache); a damaged or stale one is
+    rebuilt with one line saying why. With load=False it only makes sure a current cache exists and returns None."""
     split_dir = Path(split_dir)
     files, labels, classes = list_image_folder(split_dir)
-    folder_id, key = cache_key(split_dir, files)
-    cache_dir = ensure_folder(Path(cache_dir or config.data_root() / "cache"), "The cache folder")
-    cache = cache_dir / f"{split_dir.name}-{folder_id}-{key}.pt"
-    superseded = [p for p in cache_dir.glob(f"{split_dir.name}-{folder_id}-*.pt") if p != cache]
-    if cache.exists():
-        if not load:
-            return None
-        data, problem = read_cache(cache)
-        if data is not None:
-            return data
-        print(f"Cache {cache} is {problem}: decoding {split_dir} again.", flush=True)
-    elif superseded:
-        print(f"Cache {superseded[0]} is stale (the images in {split_dir} changed since it was written): decoding "
-              f"them again and removing it.", flush=True)
-    else:
-        print(f"Decoding {len(files)} images from {split_dir} once into {cache} ...", flush=True)
-    images = torch.stack([decode_image(f) for f in files])
-    data = {"images": images, "labels": torch.tensor(labels, dtype=torch.long), "classes": classes}
-    tmp = cache.with_suffix(f".tmp{os.getpid()}")
-    torch.save({**data, "checksum": checksum(data)}, tmp)
-    tmp.replace(cache)  # atomic: a crash never leaves a half-written cache
-    for old in superseded:
-        old.unlink(missing_ok=True)
-    return data
+
+    def build() -> dict:
+        images = torch.stack([decode_image(f) for f in files])
+        return {"images": images, "labels": torch.tensor(labels, dtype=torch.long), "classes": classes}
+
+    return cached_split(split_dir, files, Path(cache_dir or config.data_root() / "cache"), load, build)
 
 
 def load_torchvision_cifar10(root: str | Path, train: bool, mirror_url: str | None = None) -> dict:
@@ -224,53 +157,6 @@ class ImageTensorDataset(Dataset):
 def _batch_as_is(batch):
     """Collate for ImageTensorDataset: __getitems__ already returns (x, y) batches."""
     return batch
-
-
-class EpochSampler(Sampler[int]):
-    """Shuffles with a generator seeded by (seed, epoch), so a resumed run sees the same order as an unbroken one."""
-
-    def __init__(self, n: int, seed: int = 0):
-        self.n, self.seed, self.epoch = n, seed, 0
-
-    def set_epoch(self, epoch: int) -> None:  # Lightning calls this at the start of every epoch
-        self.epoch = epoch
-
-    def permutation(self) -> torch.Tensor:
-        """This epoch's order as an (n,) int64 CPU tensor."""
-        return torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 100_003 + self.epoch))
-
-    def __iter__(self):
-        return iter(self.permutation().tolist())
-
-    def __len__(self) -> int:
-        return self.n
-
-
-class ResumableLoader(DataLoader):
-    """A DataLoader that resumes mid-epoch: built after a checkpoint was restored (rng_state given), its first pass
-    skips the batches the restored loop had done, position(), and restores the CPU random state of that moment
-    (augmentation draws from it), so the run sees the batches an unbroken one would. Later passes start afresh."""
-
-    def __init__(self, *args, position=None, rng_state: torch.Tensor | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.position, self.rng_state = position, rng_state
-
-    # Lightning looks for these two to know that a loader resumes mid-epoch (else it warns that results may
-    # differ); the position comes from the loop's own restored progress, so there is nothing more to save
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
-
-    def __iter__(self):
-        rng_state, self.rng_state = self.rng_state, None
-        batches = super().__iter__()
-        if rng_state is not None:  # the first pass after a restore
-            for _ in range(self.position() if self.position else 0):
-                next(batches)
-            torch.set_rng_state(rng_state)
-        yield from batches
 
 
 def split_indices(n: int, fractions: list[float], seed: int) -> list[torch.Tensor]:

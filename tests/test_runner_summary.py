@@ -15,6 +15,7 @@ def fake_lessons(tmp_path, monkeypatch):
     outcome = {}
 
     def run_lesson(path, out_dir, inplace, timeout):
+        out_dir.mkdir(parents=True, exist_ok=True)  # as the real one does when it saves the executed notebook
         ok, error = outcome.get(path.stem, (True, None))
         return {"lesson": path.stem, "ok": ok, "seconds": 1.0, "error": error, "figures": []}
 
