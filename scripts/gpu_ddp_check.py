@@ -25,10 +25,11 @@ from course_lib import bench, config, scaling
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run(cmd: list[str], timeout: float = 600) -> tuple[int, str, float]:
-    """Exit code, combined output and wall time of a command run in the repository root."""
+def run(cmd: list[str], timeout: float = 600, env: dict | None = None) -> tuple[int, str, float]:
+    """Exit code, combined output and wall time of a command run in the repository root (env: extra variables)."""
     start = time.perf_counter()
-    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=config.child_env())
+    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                         env={**config.child_env(), **(env or {})})
     return res.returncode, res.stdout + res.stderr, time.perf_counter() - start
 
 
@@ -70,12 +71,12 @@ def main() -> int:
     cli = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(k),
            "-m", "course_lib", "fit", "--config", "configs/lenet.yaml", "--trainer.accelerator", accel,
            "--trainer.devices", str(k), "--trainer.strategy", "ddp", "--trainer.max_steps", "20",
-           "--trainer.limit_val_batches", "2", "--trainer.default_root_dir", str(out),
-           "--trainer.logger.init_args.save_dir", str(out / "runs"),
-           "--trainer.callbacks.init_args.dirpath", str(out / "ckpt")] + (["--data.image_folder", data] if data else [])
-    rc, log, secs = run(cli)
-    ckpts = sorted(p.name for p in (out / "ckpt").glob("*.ckpt"))
-    versions = sorted(p.name for p in (out / "runs" / "logs").glob("version_*"))
+           "--trainer.limit_val_batches", "2", "--run_name", "ddp_check"]
+    cli += ["--data.image_folder", data] if data else []
+    shutil.rmtree(out / "runs" / "ddp_check", ignore_errors=True)  # a fresh run: the CLI keeps an earlier last.ckpt
+    rc, log, secs = run(cli, env={config.BUILD_ENV: str(out)})  # outputs in $COURSE_BUILD/runs/<run_name>
+    ckpts = sorted(p.name for p in (out / "runs" / "ddp_check" / "checkpoints").glob("*.ckpt"))
+    versions = sorted(p.name for p in (out / "runs" / "ddp_check" / "logs").glob("version_*"))
     over = [sys.executable, "-m", "course_lib", "fit", "--config", "configs/lenet.yaml",
             "--trainer.accelerator", "gpu", "--trainer.devices", str(n_gpus + 1)]
     over_rc, over_log, _ = run(over, timeout=120)
