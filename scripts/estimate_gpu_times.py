@@ -1,0 +1,511 @@
+"""Estimate each lesson's full-size wall time on a T4 and an H100 from its FLOPs, bytes and data-sheet peaks.
+
+Not a measurement: it counts what each notebook's code does at the GPU run size (FLOPs on the meta device, bytes
+that cross the host link, eager kernels per step), divides by bench.GPU_PEAKS and the link's bandwidth, and adds
+fixed costs read from the committed CPU run. Every assumption is a named constant below with its reason.
+
+    .venv/bin/python scripts/estimate_gpu_times.py            # print the per-lesson arithmetic
+    .venv/bin/python scripts/estimate_gpu_times.py --write    # rewrite docs/results/gpu-estimates.md and the
+                                                              # README table's two estimate columns
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import functools
+import json
+import math
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from course_lib import bench, config, models  # noqa: E402
+
+LESSONS = ("00_setup", "01_pytorch_baseline", "02_lightning", "03_gpu_and_data", "04_mixed_precision",
+           "05_compile_and_tuning", "06_ddp", "07_quantization", "08_capstone")
+IMAGE_FLOATS = 3 * 32 * 32  # one CIFAR-10 image, (3, 32, 32)
+SPLIT_IMAGES = 50_000  # CIFAR-10's training JPEGs; lessons 01-07 carve 10 % validation and 10 % test from them
+
+# --- the two GPUs: names as torch.cuda.get_device_name() gives them, so bench.gpu_peaks finds their rows ---------
+# host link: T4 is a PCIe 3.0 x16 card, the H100 SXM's host link is PCIe 5.0 x16 (NVIDIA's data sheets); x16
+# bandwidth per direction: 15.7 GB/s (3.0) and 63.0 GB/s (5.0), https://hpc-notes.pages.dev/reference/pcie
+GPUS = {
+    "T4": dict(device_name="Tesla T4", bf16_native=False, link_gb_s=15.7, link="PCIe 3.0 x16",
+               host_cores=2),  # Colab's T4 runtime: 2 vCPUs (assumed; decides lesson 03's worker rows)
+    "H100": dict(device_name="NVIDIA H100 80GB HBM3", bf16_native=True, link_gb_s=63.0, link="PCIe 5.0 x16",
+                 host_cores=16),  # a cloud H100 VM slice (assumed 16 cores, as this project's device machine)
+}
+
+# --- assumptions (not measurements): each is a range, low end -> the fast estimate, high end -> the slow one ------
+UTILISATION = (0.40, 0.10)  # fraction of the dense peak a small CIFAR CNN's kernels reach (assumed)
+LAUNCH_US = (5.0, 20.0)  # host cost of one eager aten op: dispatch + kernel launch, microseconds (assumed)
+CUDA_INIT_S = (1.0, 5.0)  # CUDA context and cuDNN/cuBLAS handles, once per kernel (assumed)
+START_LO_S = 3.0  # imports and data load at best (assumed); the slow end is lesson 00's CPU wall time (README)
+COMPILE_FACTOR = (1.0, 3.0)  # Inductor's GPU (Triton) compile / the CPU run's cold compile (assumed)
+HOST_UTIL = (1.0, 0.25)  # host CNN work at this fraction of lesson 00's CPU fp32 matmul rate (assumed)
+HOST_FACTOR = (1.0, 2.0)  # host-bound work on the GPU machine's CPU / on the committed run's CPU (assumed)
+
+
+@dataclass
+class Item:
+    """One piece of a lesson: seconds (lower bound, fast estimate, slow estimate) on one GPU, and what it is."""
+
+    what: str
+    lower: float
+    fast: float
+    slow: float
+    flops: float = 0.0
+    h2d_bytes: float = 0.0
+
+
+# --- reading the committed CPU run (notebook outputs and the README's CPU column) --------------------------------
+def _outputs(lesson: str) -> str:
+    """All stream text a committed notebook printed."""
+    nb = json.loads((ROOT / "notebooks" / f"{lesson}.ipynb").read_text())
+    return "\n".join("".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code"
+                     for o in c.get("outputs", []))
+
+
+def _find(lesson: str, pattern: str) -> list[tuple[str, ...]]:
+    """Every match of pattern in a committed notebook's outputs; an error naming the cell text if none."""
+    found = re.findall(pattern, _outputs(lesson))
+    if not found:
+        raise ValueError(f"{lesson}'s committed outputs have no line matching {pattern!r}: re-run the lesson "
+                         f"(make lessons) or update this script to the lesson's new wording.")
+    return found
+
+
+def cpu_wall_s(lesson: str) -> float:
+    """The README's 'full size, 2-core CPU' column for a lesson, in seconds."""
+    row = next(ln for ln in (ROOT / "README.md").read_text().splitlines() if ln.startswith(f"| [{lesson}]"))
+    return float(re.fullmatch(r"\s*(\d+) s\s*", row.split("|")[4]).group(1))
+
+
+@functools.lru_cache(maxsize=None)
+def committed() -> dict:
+    """The CPU run's figures this estimate uses, each from a committed notebook's outputs."""
+    lightning = [float(m) for m in _find("02_lightning", r"(?:ImageClassifierModule|LitLeNet|barebones): .*?"
+                                                         r"([+-]\d+\.\d+) ms per step")]
+    epoch_line = r": +(\d+\.\d+) s per epoch \((\d+\.\d+)-(\d+\.\d+)\)"  # lesson 02, cell 26: median (min-max)
+    epochs = [tuple(map(float, m)) for m in _find("02_lightning", epoch_line)]
+    jpeg = _find("03_gpu_and_data", r"JPEG \+ PIL \+ v2, num_workers=0: +([\d,]+) images/s \(([\d,]+)-([\d,]+)")[0]
+    return {
+        "host_gflops": float(_find("00_setup", r"fp32 2048x2048 matmul on cpu: ([\d,]+) GFLOP/s")[0].replace(",", "")),
+        "lightning_ms": (min(lightning), max(lightning)),  # Trainer loop cost per step over a plain loop
+        "02_cpu_epochs_s": (sum(e[1] for e in epochs), sum(e[2] for e in epochs)),  # one round, min and max
+        "jpeg_images_s": tuple(float(v.replace(",", "")) for v in jpeg),  # median, min, max
+        "gelu_compile_s": float(_find("05_compile_and_tuning", r"cold cache\): (\d+\.\d+) s")[0]),
+        "cnn_compile_s": float(_find("05_compile_and_tuning", r"compiling cost (\d+\.\d+) s of warm-up")[0]),
+        "07_cpu_compile_s": float(_find("07_quantization", r"compiled in (\d+) s;")[0]),
+    }
+
+
+# --- counting: FLOPs on the meta device, eager ops with a dispatch mode ------------------------------------------
+class _OpCount(TorchDispatchMode):
+    """Counts aten ops (each is at least one kernel launch in eager mode)."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+NETS = {"lenet": lambda w: models.LeNet(), "simple_cnn": lambda w: models.SimpleCNN(),
+        "resnet9": lambda w: models.ResNet9(width=w), "airnet": lambda w: models.AirNet(w)}
+
+
+@functools.lru_cache(maxsize=None)
+def per_image(net: str, width, train: bool) -> tuple[float, int]:
+    """(FLOPs per image, eager ops per step) of one step: forward+backward when train, forward alone otherwise."""
+    batch = 2  # FLOPs grow linearly with the batch; 2 keeps BatchNorm's training statistics defined
+    if train:
+        flops = bench.train_step_flops(NETS[net](width), batch)
+    meta = copy.deepcopy(NETS[net](width)).to("meta").train(train)
+    x = torch.zeros(batch, 3, 32, 32, device="meta")
+    y = torch.zeros(batch, dtype=torch.long, device="meta")
+    with _OpCount() as ops:
+        if train:
+            F.cross_entropy(meta(x), y).backward()
+        else:
+            with torch.no_grad(), FlopCounterMode(display=False) as counter:
+                meta(x)
+            flops = counter.get_total_flops()
+    return flops / batch, ops.n
+
+
+class Estimator:
+    """Seconds for each kind of work on one GPU, from its peaks, link and the assumptions above."""
+
+    def __init__(self, gpu: str):
+        spec = GPUS[gpu]
+        self.gpu, self.spec = gpu, spec
+        part, self.peaks, self.source = bench.gpu_peaks(spec["device_name"])
+        self.part = part
+        info = {"gpu": spec["device_name"], "bf16_native": spec["bf16_native"]}
+        self.mixed = {"bf16-mixed": "bf16", "16-mixed": "fp16"}[config.choose_precision(info=info)]
+        self.c = committed()
+
+    def peak(self, precision: str) -> float:
+        """Dense FLOP/s for 'fp32', 'tf32', 'fp16', 'bf16', 'mixed' (the precision policy's format on this GPU) or
+        'default' (PyTorch's defaults for a CNN: TF32 convolutions where the GPU has TF32, else fp32)."""
+        key = {"mixed": self.mixed, "default": "tf32" if "tf32" in self.peaks else "fp32"}.get(precision, precision)
+        return self.peaks[key] * 1e12
+
+    def steps(self, what, net, batch, steps, train=True, precision="default", loop="lightning", width=64,
+              on_device=False) -> Item:
+        """`steps` steps of a net at `batch` images: compute-bound or launch-bound, whichever is slower, plus the
+        Trainer's per-step cost and the batch's host-to-device copy (none when the data already lives there)."""
+        flop_img, ops = per_image(net, width if net in ("resnet9", "airnet") else None, train)
+        flops, nbytes = flop_img * batch * steps, (0 if on_device else batch * IMAGE_FLOATS * 4 * steps)
+        peak, link = self.peak(precision), self.spec["link_gb_s"] * 1e9
+        loop_ms = self.c["lightning_ms"] if loop == "lightning" else (0.0, 0.0)
+        est = [steps * max(flop_img * batch / (peak * u), ops * us * 1e-6) + steps * ms * 1e-3
+               for u, us, ms in zip(UTILISATION, LAUNCH_US, loop_ms)]
+        return Item(what, flops / peak + nbytes / link, est[0] + nbytes / link, est[1] + nbytes / link, flops, nbytes)
+
+    def matmul(self, what, n, calls, precision="fp32") -> Item:
+        """`calls` n x n x n products (2 n^3 FLOPs each); large products reach near peak, so UTILISATION's fast
+        end is replaced by 100 % of peak (still bounded by the slow end's assumption)."""
+        flops, peak = 2 * n**3 * calls, self.peak(precision)
+        return Item(what, flops / peak, flops / peak, flops / (peak * UTILISATION[1]), flops)
+
+    def copy(self, what, nbytes) -> Item:
+        """Bytes over the host link at its data-sheet bandwidth (a pageable copy reaches less: the slow end
+        allows half)."""
+        link = self.spec["link_gb_s"] * 1e9
+        return Item(what, nbytes / link, nbytes / link, 2 * nbytes / link, 0.0, nbytes)
+
+    def host_flops(self, what, flops) -> Item:
+        """CNN work that stays on the host CPU, at lesson 00's committed CPU matmul rate times HOST_UTIL."""
+        rate = self.c["host_gflops"] * 1e9
+        return Item(what, 0.0, flops / (rate * HOST_UTIL[0]), flops / (rate * HOST_UTIL[1]), flops)
+
+    def host_s(self, what, lo, hi, flops=0.0) -> Item:
+        """Seconds of host-bound work read from the committed CPU run, times HOST_FACTOR (flops: for the record)."""
+        return Item(what, 0.0, lo * HOST_FACTOR[0], hi * HOST_FACTOR[1], flops)
+
+    def fixed(self, what, lo, hi) -> Item:
+        """A fixed cost that does not scale with FLOPs."""
+        return Item(what, 0.0, lo, hi)
+
+
+def host_forward(net, images, width=64) -> float:
+    """FLOPs of a forward pass over `images` images."""
+    return per_image(net, width if net in ("resnet9", "airnet") else None, False)[0] * images
+
+
+def host_train(net, images, width=64) -> float:
+    """FLOPs of training steps over `images` images."""
+    return per_image(net, width if net in ("resnet9", "airnet") else None, True)[0] * images
+
+
+# --- the lessons, each as the notebook's code runs on one GPU (cell numbers: the notebook's code cells) ---------
+def lesson_items(lesson: str, e: Estimator, size: str = "full") -> list[Item]:
+    """What one lesson does on a machine with one GPU, at a run size, as Items."""
+    s = config.run_size(lesson, gpu=True, size=size)
+    train = s.train_subset or int(SPLIT_IMAGES * 0.8)  # 10 % validation and 10 % test carved off
+    evals = s.eval_subset or int(SPLIT_IMAGES * 0.1)
+    ep = lambda batch, drop=False: train // batch if drop else math.ceil(train / batch)  # noqa: E731  steps/epoch
+    ev = lambda batch: math.ceil(evals / batch)  # noqa: E731
+    start_hi = cpu_wall_s("00_setup")
+    items = [e.fixed("start: imports, data load (slow end: lesson 00's whole CPU run)", START_LO_S, start_hi),
+             e.fixed("CUDA context and library handles", *CUDA_INIT_S)]
+    add = items.append
+    if lesson == "00_setup":
+        add(e.matmul("cell 16: 2048^3 fp32 products, warm-up + max(5, repeats)", 2048, 1 + max(5, s.repeats)))
+        add(e.matmul("exercise 2: 4096^3 fp32 products, warm-up + 3", 4096, 4))
+    elif lesson == "01_pytorch_baseline":
+        for bs in (4, 16, 64, 256):  # cell 15: every batch size that fits one pass, interleaved rounds
+            if bs * (s.bench_steps + 3) <= train:
+                add(e.steps(f"cell 15: LeNet batch {bs}, {s.repeats} x {s.bench_steps + 3} steps", "lenet", bs,
+                            s.repeats * (s.bench_steps + 3), loop="plain"))
+        add(e.steps(f"cell 17: LeNet batch 64, {s.epochs} epochs", "lenet", 64, s.epochs * ep(64), loop="plain"))
+        add(e.steps("cells 19, 25: test predictions, twice", "lenet", 256, 2 * ev(256), train=False, loop="plain"))
+        seed_epochs = min(2, s.epochs)
+        add(e.steps(f"cell 25: the articles' loop, batch 4, {seed_epochs} epochs", "lenet", 4,
+                    seed_epochs * ep(4), loop="plain"))
+    elif lesson == "02_lightning":
+        add(e.steps(f"cell 14: LeNet in the Trainer, {s.epochs} epochs", "lenet", 64, s.epochs * ep(64)))
+        add(e.steps("cell 14: validation each epoch and the test", "lenet", 64, (s.epochs + 1) * ev(64),
+                    train=False))
+        add(e.steps("cell 18: predictions by hand", "lenet", 64, ev(64), train=False, loop="plain"))
+        lo, hi = e.c["02_cpu_epochs_s"]  # cell 24 trains on accelerator="cpu" whatever the machine has
+        rounds = max(3, s.repeats)
+        add(e.host_s(f"cell 24: {rounds} rounds x 4 one-epoch runs on the CPU (committed epoch times)",
+                     rounds * lo * train / 40_000, rounds * hi * train / 40_000))
+    elif lesson == "03_gpu_and_data":
+        dataset = SPLIT_IMAGES * IMAGE_FLOATS  # cell 12: the split as uint8
+        add(e.copy("cell 14: the dataset tensor, pageable and pinned, 2 x (1 + 5) copies", 12 * dataset))
+        add(e.matmul("cell 18: 4096^3 fp32 products, 5 variants x 5 rounds x 21 passes", 4096, 5 * 5 * 21))
+        bs, steps = 128, s.repeats * (2 + s.bench_steps)
+        jpeg_lo, jpeg_hi = e.c["jpeg_images_s"][2], e.c["jpeg_images_s"][1]  # fastest and slowest committed round
+        jpeg_images = 21 * bs + 3 * steps * bs  # cell 28's profile and cell 30's three JPEG rungs
+        add(e.host_s("cells 28, 30: JPEG decode + PIL augmentation on the host (committed images/s)",
+                     jpeg_images / jpeg_lo, jpeg_images / jpeg_hi))
+        workers = len([n for n in (0, 1, 2, 4, 8) if n <= e.spec["host_cores"]])
+        add(e.steps(f"cell 30: SimpleCNN batch 128, {3 + workers + 1} rungs x {steps} steps", "simple_cnn", bs,
+                    (3 + workers + 1) * steps))
+        for b in (32, 128, 512, 1024, 2048):  # cell 47: ResNet-9 width 64, data on the device, fp32
+            add(e.steps(f"cell 47: ResNet-9 w64 batch {b}, {steps} steps", "resnet9", b, steps, on_device=True))
+    elif lesson == "04_mixed_precision":
+        width, bs = round(64 * s.width), 512
+        tf32 = "tf32" if "tf32" in e.peaks else "fp32"  # "high" changes nothing without TF32
+        for f in ("fp32", tf32, "fp16") + (("bf16",) if e.mixed == "bf16" else ()):
+            add(e.matmul(f"section 3: 8192^3 products, warm-up + 20, {f}", 8192, 21, precision=f))
+        fmts = ["fp32", "tf32" if "tf32" in e.peaks else None, "mixed", "mixed" if e.mixed == "bf16" else None]
+        runnable = [f for f in fmts if f]
+        steps = s.repeats * (5 + s.bench_steps)
+        for f in runnable:
+            add(e.steps(f"cell 44: ResNet-9 w{width} batch {bs}, {f}, {steps} steps", "resnet9", bs, steps,
+                        precision=f, width=width, on_device=True))
+            add(e.steps(f"cell 48: train {s.epochs} epochs + test, {f}", "resnet9", bs, s.epochs * ep(bs),
+                        precision=f, width=width))
+            add(e.steps(f"cell 48: test, {f}", "resnet9", bs, ev(bs), train=False, precision=f, width=width))
+        add(e.steps("memory section: 3 step variants x 4 calls + 8 accumulated batches", "resnet9", bs, 3 * 4 + 8,
+                    loop="plain"))  # MEM_WIDTH: 64 on a GPU
+    elif lesson == "05_compile_and_tuning":
+        rounds, steps = max(3, s.repeats), 3 + s.bench_steps
+        add(e.steps(f"bench: eager, compile, channels_last, reduce-overhead: 4 x {s.repeats} x {steps} steps",
+                    "simple_cnn", 64, 4 * s.repeats * steps, on_device=True))
+        gelu_ops = 8  # gelu_tanh's eager chain: about 8 elementwise ops (cell 14 counts them on the machine)
+        add(e.fixed(f"GELU chain: {rounds} rounds x {s.bench_steps} calls, eager ops launch-bound",
+                    rounds * s.bench_steps * gelu_ops * LAUNCH_US[0] * 1e-6,
+                    rounds * s.bench_steps * gelu_ops * LAUNCH_US[1] * 1e-6))
+        lr_steps = 100 if size == "full" else 30
+        add(e.steps(f"profiler ({s.bench_steps} steps) and lr_find ({lr_steps} steps)", "simple_cnn", 64,
+                    s.bench_steps + lr_steps))
+        for b in (64 * 2**k for k in range(7)):  # scale_batch_size: 7 trials, 3 steps each (Tuner's default)
+            add(e.steps(f"scale_batch_size trial, batch {b}", "simple_cnn", b, 3))
+        cold = e.c["gelu_compile_s"] + 2 * e.c["cnn_compile_s"]  # GELU + the CNN with default and reduce-overhead
+        add(e.fixed("compiles: GELU + CNN x 2, cold (the CPU run's cold compiles x COMPILE_FACTOR); later rounds "
+                    "recompile from a warm cache (slow end: 2 more cold ones)", cold * COMPILE_FACTOR[0],
+                    (cold + 2 * e.c["cnn_compile_s"]) * COMPILE_FACTOR[1]))
+    elif lesson == "06_ddp":
+        cpu = cpu_wall_s("06_ddp") - cpu_wall_s("00_setup")  # less the start already counted above
+        fit = host_train("lenet", s.epochs * train)  # the ddp_notebook fit's LeNet training, for the record
+        add(e.host_s("CPU DDP (gloo) cells: the committed CPU run; the multi-GPU cells need 2 GPUs and are skipped",
+                     cpu, cpu, fit))
+    elif lesson == "07_quantization":
+        width = round(64 * s.width)
+        add(e.steps(f"cell 12: ResNet-9 w{width}, {s.epochs} epochs", "resnet9", 64, s.epochs * ep(64), width=width))
+        add(e.steps(f"cell 12: LeNet, {s.epochs} epochs", "lenet", 64, s.epochs * ep(64)))
+        prune = 4 if size == "full" else 2
+        add(e.steps(f"pruning: {prune} x 1/8-epoch fine-tunes (ResNet-9) + 1 (LeNet)", "resnet9", 64,
+                    prune * ep(64) // 8, width=width))
+        # on the host (compress runs on the CPU): latency rows at batch 1 and 64, accuracy passes, calibration, QAT
+        resnet_rows, lenet_rows, calls = 7, 5, 2 + s.bench_steps
+        fwd = (host_forward("resnet9", resnet_rows * calls * 65 + (resnet_rows + 5 + prune) * evals + 512, width)
+               + host_forward("lenet", lenet_rows * calls * 65 + (lenet_rows + 1) * evals))
+        qat = host_train("resnet9", int(0.25 * ep(64)) * 64, width)
+        add(e.host_flops(f"host: {resnet_rows} ResNet-9 + {lenet_rows} LeNet rows (latency b1/b64 x {calls}, test "
+                         f"accuracy), calibration, pruning curve", fwd))
+        add(e.host_flops("host: QAT, a quarter epoch on the CPU", qat))
+        c = e.c["07_cpu_compile_s"]
+        add(e.host_s("host: int8 and fp32 compile_for_cpu (the CPU run's int8 compile, twice)", 2 * c, 2 * c))
+    elif lesson == "08_capstone":
+        bs = s.batch_size
+        widths = tuple(round(w * s.width) for w in models.WIDTHS)
+        train8 = s.train_subset or SPLIT_IMAGES - int(SPLIT_IMAGES * 0.1)  # 08 carves only a test split
+        steps64, steps_big = s.epochs * math.ceil(train8 / 64), s.epochs * (train8 // bs)
+        seeds = 5 if size == "full" else 2
+        add(e.steps(f"rung 0: LeNet batch 64, {s.epochs} epochs", "lenet", 64, steps64))
+        add(e.steps(f"rung 1: AirNet batch 64, {s.epochs} epochs, fp32", "airnet", 64, steps64, width=widths))
+        add(e.steps(f"rungs 2-3: AirNet batch {bs}, {s.epochs} epochs, fp32", "airnet", bs, 2 * steps_big,
+                    width=widths, on_device=True))
+        runs = 1 + seeds + 2  # rung 5, the seeds, the twin and the barebones run
+        add(e.steps(f"rung 5, {seeds} seeds, twin, barebones: {runs} x {s.epochs} epochs, {e.mixed}", "airnet", bs,
+                    runs * steps_big, precision="mixed", width=widths, on_device=True))
+        tests = 4 + 6 * (runs + 1)  # 4 plain test passes; TTA level 2 is 6 views
+        add(e.steps(f"tests: {tests} passes over the test split", "airnet", bs, tests * ev(bs), train=False,
+                    precision="mixed", width=widths, on_device=True))
+        add(e.copy("the split to the device as uint8, twice (loader rungs move float batches, counted above)",
+                   2 * train8 * IMAGE_FLOATS))
+        c = e.c["cnn_compile_s"]
+        add(e.fixed("compile of AirNet, once (the CPU run's SimpleCNN cold compile x COMPILE_FACTOR, assumed)",
+                    c * COMPILE_FACTOR[0], c * COMPILE_FACTOR[1]))
+    else:
+        raise ValueError(f"Unknown lesson {lesson!r}; lessons are {LESSONS}.")
+    return items
+
+
+def totals(items: list[Item]) -> dict:
+    """Sums of an item list: lower bound, fast and slow estimate (s), FLOPs, host-to-device bytes."""
+    return {k: sum(getattr(i, k) for i in items) for k in ("lower", "fast", "slow", "flops", "h2d_bytes")}
+
+
+def _end(seconds: float, up: bool) -> tuple[int, str]:
+    """One end of a range: 5 s steps below a minute and a half, whole minutes above (rounded outwards)."""
+    step, unit = (5, "s") if seconds < 90 else (60, "min")
+    n = (math.ceil if up else math.floor)(seconds / step)
+    return max(n, 1) * (step if unit == "s" else 1), unit
+
+
+def span(lo: float, hi: float) -> str:
+    """A range as the README shows it, e.g. "5-15 s", "55 s-2 min", "4-18 min"."""
+    (a, ua), (b, ub) = _end(lo, False), _end(hi, True)
+    return f"{a}-{b} {ub}" if ua == ub else f"{a} {ua}-{b} {ub}"
+
+
+def estimates(size: str = "full") -> dict:
+    """{lesson: {gpu: (totals, items)}} for every lesson on both GPUs."""
+    est = {g: Estimator(g) for g in GPUS}
+    out = {}
+    for lesson in LESSONS:
+        out[lesson] = {}
+        for g, e in est.items():
+            items = lesson_items(lesson, e, size)
+            out[lesson][g] = (totals(items), items)
+    return out
+
+
+def readme_cells(result: dict | None = None) -> dict:
+    """{lesson: (T4 cell, H100 cell)} as the README's lesson table shows them."""
+    result = result or estimates()
+    return {lesson: tuple(span(result[lesson][g][0]["fast"], result[lesson][g][0]["slow"]) for g in GPUS)
+            for lesson in LESSONS}
+
+
+def report(result: dict) -> str:
+    """The markdown of docs/results/gpu-estimates.md: inputs, formula, assumptions, per-lesson arithmetic."""
+    e = {g: Estimator(g) for g in GPUS}
+    c = committed()
+    lines = [
+        "# Estimated lesson times on a T4 and an H100 (estimates, not measurements)",
+        "",
+        "No GPU has run the lessons yet. Until a GPU run replaces them, these are **estimates** from counting, made by",
+        "`scripts/estimate_gpu_times.py` on the CPU in seconds:",
+        "",
+        "    .venv/bin/python scripts/estimate_gpu_times.py --write",
+        "",
+        "## Method",
+        "",
+        "For each lesson at full size on a machine with one GPU (`config.run_size(lesson, gpu=True)`, so",
+        "`LESSON_SCALES`' GPU rows), the script lists what the notebook's code cells run: which model, batch, steps,",
+        "repeats and precision, and which parts stay on the host CPU. For each training or evaluation phase:",
+        "",
+        "- FLOPs per image: `bench.train_step_flops` (forward + backward, FlopCounterMode on the meta device) or a",
+        "  forward pass under FlopCounterMode; eager aten ops per step counted with a TorchDispatchMode on meta.",
+        "- step time = max(FLOPs per step / (peak x utilisation), ops per step x launch cost) + the Trainer's",
+        "  per-step cost (Lightning phases only) + batch bytes / host-link bandwidth (loader phases only).",
+        "- lower bound = FLOPs / peak + bytes / link: 100 % of the data-sheet peak, no launch or loop cost.",
+        "- the estimate's fast end uses the optimistic end of every assumption, its slow end the pessimistic one.",
+        "",
+        "\"cell N\" below is the notebook's cell index (0-based, markdown cells included). The script reads its",
+        "fixed costs from the committed notebook outputs and the README's CPU column, so rerun it with `--write`",
+        "after `make lessons`; `tests/test_gpu_estimates.py` fails when the README's columns differ from its output.",
+        "",
+        "Peaks (dense, `bench.GPU_PEAKS`), each at the course's precision policy (`config.choose_precision`):",
+        "",
+    ]
+    for g, est in e.items():
+        lines.append(f"- {g}: {est.part}, fp32 {est.peaks['fp32']:g} TFLOP/s"
+                     + (f", tf32 {est.peaks['tf32']:g}" if "tf32" in est.peaks else "")
+                     + f", mixed precision = {est.mixed} {est.peaks[est.mixed]:g} TFLOP/s ({est.source}); host link "
+                     f"{est.spec['link']}, {est.spec['link_gb_s']:g} GB/s per direction "
+                     f"(https://hpc-notes.pages.dev/reference/pcie).")
+    lines += [
+        "",
+        "## Assumptions (not measured)",
+        "",
+        f"- Utilisation of the dense peak by these small CIFAR-10 CNNs: {UTILISATION[1]:.0%}-{UTILISATION[0]:.0%}. "
+        "Large matmuls (lessons 00, 03, 04) are allowed up to 100 %.",
+        f"- Host cost per eager op (dispatch + kernel launch): {LAUNCH_US[0]:g}-{LAUNCH_US[1]:g} us. Small models "
+        "at small batches (LeNet, batch 4-64) are bound by this, not by FLOPs.",
+        f"- CUDA context and library handles: {CUDA_INIT_S[0]:g}-{CUDA_INIT_S[1]:g} s per lesson.",
+        f"- Start-up (imports, data load): {START_LO_S:g} s to lesson 00's whole CPU wall time "
+        f"({cpu_wall_s('00_setup'):g} s, README), an upper bound.",
+        f"- torch.compile on the GPU (Triton): {COMPILE_FACTOR[0]:g}-{COMPILE_FACTOR[1]:g}x the CPU run's cold "
+        "compile of the same function.",
+        f"- Host-bound work (JPEG decode, CPU-only cells) on the GPU machine's CPU: {HOST_FACTOR[0]:g}-"
+        f"{HOST_FACTOR[1]:g}x its committed CPU time; CNN work on the host at {HOST_UTIL[1]:.0%}-{HOST_UTIL[0]:.0%} "
+        "of lesson 00's CPU matmul rate.",
+        f"- Host cores: T4 machine {GPUS['T4']['host_cores']} (Colab), H100 machine {GPUS['H100']['host_cores']}; "
+        "they decide lesson 03's worker rows. The H100 column uses the same host rates as the T4's (a faster host "
+        "shortens lessons 02, 03, 06 and 07 there).",
+        "- Not counted: optimizer kernels (foreach: a handful per step), the exercises' checks, plots, cuDNN's",
+        "  algorithm search, torchmetrics' updates beyond the Trainer's measured per-step cost, and lesson 07's GPU",
+        "  weight-only/fp8 demo on a small MLP.",
+        "",
+        "## Fixed costs read off the committed CPU run",
+        "",
+        f"- Lightning's per-step cost over a plain loop: {c['lightning_ms'][0]:+.2f} to {c['lightning_ms'][1]:+.2f} "
+        "ms (lesson 02, cell 26's rows).",
+        f"- Lesson 02's CPU-only epoch comparison: {c['02_cpu_epochs_s'][0]:.2f}-{c['02_cpu_epochs_s'][1]:.2f} s "
+        "per round of 4 epochs (cell 26's min and max).",
+        f"- JPEG pipeline, num_workers=0: {c['jpeg_images_s'][1]:,.0f}-{c['jpeg_images_s'][2]:,.0f} images/s "
+        "(lesson 03, cell 30).",
+        f"- Cold compiles: GELU {c['gelu_compile_s']:g} s, SimpleCNN training step {c['cnn_compile_s']:g} s "
+        f"(lesson 05); int8 compile_for_cpu {c['07_cpu_compile_s']:g} s (lesson 07, at its CPU width).",
+        f"- Host fp32 matmul: {c['host_gflops']:,.0f} GFLOP/s (lesson 00); lesson 06's CPU wall time "
+        f"{cpu_wall_s('06_ddp'):g} s (README).",
+        "",
+        "## Per lesson",
+        "",
+        "| lesson | T4 lower bound | T4 estimate | H100 lower bound | H100 estimate | training+eval TFLOP "
+        "(GPU and host) | host-to-device GB |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for lesson, by in result.items():
+        t, h = by["T4"][0], by["H100"][0]
+        lines.append(f"| {lesson} | {t['lower']:.1f} s | {span(t['fast'], t['slow'])} ({t['fast']:.0f}-"
+                     f"{t['slow']:.0f} s) | {h['lower']:.1f} s | {span(h['fast'], h['slow'])} ({h['fast']:.0f}-"
+                     f"{h['slow']:.0f} s) | {t['flops'] / 1e12:.3g} | {t['h2d_bytes'] / 1e9:.3g} |")
+    lines += ["", "The lower bound counts only GPU FLOPs and link bytes, so lessons dominated by host work or",
+              "fixed costs sit far above it.", ""]
+    for lesson, by in result.items():
+        lines += [f"### {lesson}", "", "| item | T4 lower | T4 fast-slow | H100 lower | H100 fast-slow |",
+                  "|---|---|---|---|---|"]
+        for it_t, it_h in zip(by["T4"][1], by["H100"][1]):
+            lines.append(f"| {it_t.what} | {it_t.lower:.2f} s | {it_t.fast:.1f}-{it_t.slow:.1f} s | "
+                         f"{it_h.lower:.2f} s | {it_h.fast:.1f}-{it_h.slow:.1f} s |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_readme(cells: dict, path: Path = ROOT / "README.md") -> None:
+    """Put the estimate columns into the README's lesson table (after the CPU column)."""
+    out, header = [], False
+    for ln in path.read_text().splitlines():
+        cols = ln.split("|")
+        lesson = next((name for name in LESSONS if ln.startswith(f"| [{name}]")), None)
+        if ln.startswith("| lesson | topic |"):
+            cols = [c for c in cols if c.strip() not in ("T4 (estimate)", "H100 (estimate)")]
+            cols[5:5] = [" T4 (estimate) ", " H100 (estimate) "]
+        elif header:  # the separator under the lesson table's header
+            cols = [""] + ["---"] * 7 + [""]
+        elif lesson:
+            if len(cols) == 9:
+                del cols[5:7]
+            cols[5:5] = [f" {cells[lesson][0]} ", f" {cells[lesson][1]} "]
+        header = ln.startswith("| lesson | topic |")
+        out.append("|".join(cols))
+    path.write_text("\n".join(out) + "\n")
+
+
+def main() -> None:
+    """Print the estimate (default) or write the doc and the README columns (--write)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="rewrite docs/results/gpu-estimates.md and README.md")
+    parser.add_argument("--size", default="full", choices=sorted(config.SIZES))
+    args = parser.parse_args()
+    result = estimates(args.size)
+    text = report(result)
+    if args.write:
+        (ROOT / "docs" / "results" / "gpu-estimates.md").write_text(text + "\n")
+        write_readme(readme_cells(result))
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""scripts/estimate_gpu_times.py: it runs, its FLOP counts are positive and grow with the run size, and the README's
+T4/H100 estimate columns are exactly what it computes (so the two cannot drift apart)."""
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "estimate_gpu_times.py"
+
+
+@pytest.fixture(scope="module")
+def est():
+    """The script, imported as a module."""
+    spec = importlib.util.spec_from_file_location("estimate_gpu_times", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def full(est):
+    """Estimates at full size (what the README shows)."""
+    return est.estimates("full")
+
+
+def test_script_runs_and_prints_every_lesson(est):
+    """The documented command exits cleanly and prints a row for each lesson."""
+    out = subprocess.run([sys.executable, str(SCRIPT), "--size", "smoke"], capture_output=True, text=True,
+                         cwd=REPO, timeout=300)
+    assert out.returncode == 0, out.stderr
+    for lesson in est.LESSONS:
+        assert f"| {lesson} |" in out.stdout
+
+
+def test_flops_positive_and_growing_with_run_size(est, full):
+    """Every lesson counts positive FLOPs on both GPUs; full size counts more than smoke size wherever the lesson's
+    work depends on the size (lesson 00's matmuls do not)."""
+    smoke = est.estimates("smoke")
+    for lesson in est.LESSONS:
+        for gpu in est.GPUS:
+            f, s = full[lesson][gpu][0]["flops"], smoke[lesson][gpu][0]["flops"]
+            assert s > 0 and f > 0, (lesson, gpu)
+            assert f > s or (lesson == "00_setup" and f == s), (lesson, gpu, f, s)
+
+
+def test_ranges_are_ordered(full):
+    """For every item: 0 <= lower bound <= fast estimate <= slow estimate."""
+    for lesson, by_gpu in full.items():
+        for gpu, (_, items) in by_gpu.items():
+            for it in items:
+                assert 0 <= it.lower <= it.fast + 1e-9 <= it.slow + 2e-9, (lesson, gpu, it)
+
+
+def test_span_rounds_outwards(est):
+    """Ranges are rounded outwards: 5 s steps below 90 s, whole minutes above."""
+    assert est.span(4.0, 14.0) == "5-15 s"
+    assert est.span(53.0, 111.0) == "50 s-2 min"
+    assert est.span(855.0, 3401.0) == "14-57 min"
+
+
+def test_readme_columns_match_the_script(est, full):
+    """The README's lesson table carries the script's T4 and H100 estimates, marked as estimates."""
+    readme = (REPO / "README.md").read_text()
+    lines = readme.splitlines()
+    header = next(ln for ln in lines if ln.startswith("| lesson | topic |"))
+    names = [c.strip() for c in header.strip("|").split("|")]
+    t4, h100 = names.index("T4 (estimate)"), names.index("H100 (estimate)")
+    for lesson, cells in est.readme_cells(full).items():
+        row = next(ln for ln in lines if ln.startswith(f"| [{lesson}]"))
+        shown = [c.strip() for c in row.strip("|").split("|")]
+        assert (shown[t4], shown[h100]) == cells, f"{lesson}: run scripts/estimate_gpu_times.py --write"
+    assert "docs/results/gpu-estimates.md" in readme and "estimates" in readme
+
+
+def test_write_readme_is_idempotent(est, full, tmp_path):
+    """Writing the columns into a README that already has them leaves it unchanged."""
+    copy = tmp_path / "README.md"
+    copy.write_text((REPO / "README.md").read_text())
+    est.write_readme(est.readme_cells(full), copy)
+    once = copy.read_text()
+    est.write_readme(est.readme_cells(full), copy)
+    assert copy.read_text() == once == (REPO / "README.md").read_text()
