@@ -261,17 +261,20 @@ def lesson_items(lesson: str, e: Estimator, size: str = "full") -> list[Item]:
     elif lesson == "04_mixed_precision":
         width, bs = round(64 * s.width), 512
         tf32 = "tf32" if "tf32" in e.peaks else "fp32"  # "high" changes nothing without TF32
-        for f in ("fp32", tf32, "fp16") + (("bf16",) if e.mixed == "bf16" else ()):
-            add(e.matmul(f"section 3: 8192^3 products, warm-up + 20, {f}", 8192, 21, precision=f))
-        fmts = ["fp32", "tf32" if "tf32" in e.peaks else None, "mixed", "mixed" if e.mixed == "bf16" else None]
-        runnable = [f for f in fmts if f]
+        formats = [("fp32", "fp32"), ('"high"', tf32), ("fp16", "fp16")] + ([("bf16", "bf16")] if e.mixed == "bf16"
+                                                                           else [])
+        for name, f in formats:
+            add(e.matmul(f"section 3: 8192^3 products, warm-up + 20, {name} (at the {f} peak)", 8192, 21,
+                         precision=f))
+        configs = {"fp32": "fp32", "tf32": "tf32", "fp16-mixed": "fp16", "bf16-mixed": "bf16"}  # cell 36's CONFIGS
+        runnable = {n: f for n, f in configs.items() if f in e.peaks and (n != "bf16-mixed" or e.mixed == "bf16")}
         steps = s.repeats * (5 + s.bench_steps)
-        for f in runnable:
-            add(e.steps(f"cell 44: ResNet-9 w{width} batch {bs}, {f}, {steps} steps", "resnet9", bs, steps,
+        for name, f in runnable.items():  # the configurations cell 38 keeps on this GPU
+            add(e.steps(f"cell 44: ResNet-9 w{width} batch {bs}, {name}, {steps} steps", "resnet9", bs, steps,
                         precision=f, width=width, on_device=True))
-            add(e.steps(f"cell 48: train {s.epochs} epochs + test, {f}", "resnet9", bs, s.epochs * ep(bs),
+            add(e.steps(f"cell 48: train {s.epochs} epochs, {name}", "resnet9", bs, s.epochs * ep(bs),
                         precision=f, width=width))
-            add(e.steps(f"cell 48: test, {f}", "resnet9", bs, ev(bs), train=False, precision=f, width=width))
+            add(e.steps(f"cell 48: test, {name}", "resnet9", bs, ev(bs), train=False, precision=f, width=width))
         add(e.steps("memory section: 3 step variants x 4 calls + 8 accumulated batches", "resnet9", bs, 3 * 4 + 8,
                     loop="plain"))  # MEM_WIDTH: 64 on a GPU
     elif lesson == "05_compile_and_tuning":
@@ -433,7 +436,8 @@ def report(result: dict) -> str:
         f"- Host cores: T4 machine {GPUS['T4']['host_cores']} (Colab), H100 machine {GPUS['H100']['host_cores']}; "
         "they decide lesson 03's worker rows. The H100 column uses the same host rates as the T4's (a faster host "
         "shortens lessons 02, 03, 06 and 07 there).",
-        "- Not counted: optimizer kernels (foreach: a handful per step), the exercises' checks, plots, cuDNN's",
+        "- Not counted: optimizer kernels (foreach: a handful per step), the DataLoader's per-batch host work",
+        "  beyond the launch cost, lesson 04's fp64 reference product, the exercises' checks, plots, cuDNN's",
         "  algorithm search, torchmetrics' updates beyond the Trainer's measured per-step cost, and lesson 07's GPU",
         "  weight-only/fp8 demo on a small MLP.",
         "",
@@ -452,7 +456,7 @@ def report(result: dict) -> str:
         "",
         "## Per lesson",
         "",
-        "| lesson | T4 lower bound | T4 estimate | H100 lower bound | H100 estimate | training+eval TFLOP "
+        "| lesson | T4 lower bound | T4 estimate | H100 lower bound | H100 estimate | T4 run: training+eval TFLOP "
         "(GPU and host) | host-to-device GB |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -464,12 +468,12 @@ def report(result: dict) -> str:
     lines += ["", "The lower bound counts only GPU FLOPs and link bytes, so lessons dominated by host work or",
               "fixed costs sit far above it.", ""]
     for lesson, by in result.items():
-        lines += [f"### {lesson}", "", "| item | T4 lower | T4 fast-slow | H100 lower | H100 fast-slow |",
-                  "|---|---|---|---|---|"]
-        for it_t, it_h in zip(by["T4"][1], by["H100"][1]):
-            lines.append(f"| {it_t.what} | {it_t.lower:.2f} s | {it_t.fast:.1f}-{it_t.slow:.1f} s | "
-                         f"{it_h.lower:.2f} s | {it_h.fast:.1f}-{it_h.slow:.1f} s |")
-        lines.append("")
+        lines += [f"### {lesson}", ""]
+        for g, (_, items) in by.items():  # one table per GPU: their items differ (formats a GPU lacks are skipped)
+            lines += [f"| {g}: item | lower bound | estimate (fast-slow) | TFLOP |", "|---|---|---|---|"]
+            lines += [f"| {it.what} | {it.lower:.2f} s | {it.fast:.1f}-{it.slow:.1f} s | {it.flops / 1e12:.3g} |"
+                      for it in items]
+            lines.append("")
     return "\n".join(lines)
 
 
