@@ -78,8 +78,9 @@ def test_01_solution_measured():
     assert exercise.check_01_loop(solution("01_pytorch_baseline")["train"], target=GENEROUS) is True
 
 
-def test_02_solution_measured():
-    assert exercise.check_02_trainer(solution("02_lightning")["trainer_settings"], target=GENEROUS) is True
+# lesson 02: no measured run here. Its rounds are 35 LeNet steps of a few ms, and on a loaded 2-core machine their
+# per-round ratios spread over 0.3-17x, so even a generous bar could fail; its mechanism is tested in
+# tests/test_exercise_checks.py and its timing is graded in `make course`.
 
 
 def test_03_solution_measured():
