@@ -59,7 +59,7 @@ class BenchCallback(L.Callback):
             raise ValueError(f"A benchmark needs at least 2 timed steps, got {steps}.")
         self.warmup, self.steps, self.clock = warmup, steps, clock
         self.timer = DeviceTimer("cpu", clock)
-        self.samples, self.peak_rss = 0, 0
+        self.samples, self.peak_rss, self._process = 0, 0, None  # _process: this process's psutil handle (CPU)
         self._begin, self._marks = None, []  # per batch: (global_step, previous end, start, end, images)
         self._read = None  # (number of marks, figures) from the last reading
 
@@ -67,6 +67,9 @@ class BenchCallback(L.Callback):
         self.timer = DeviceTimer(pl_module.device, self.clock)
         self._marks, self._read = [], None
         self._begin = self._prev_end = self.timer.mark()
+        # one psutil handle per run, made in the training process (a forked DDP worker's RSS is its own), instead of
+        # a new Process object per step: a step then costs one read of /proc, in the gap counted as data wait
+        self._process = psutil.Process() if pl_module.device.type == "cpu" else None
         if pl_module.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(pl_module.device)
 
@@ -81,8 +84,8 @@ class BenchCallback(L.Callback):
         if step > self.warmup:
             self.batch_size = len(batch[1])
             self.samples += self.batch_size
-        if pl_module.device.type == "cpu":  # the CPU's memory figure; a GPU's comes from its allocator, no polling
-            self.peak_rss = max(self.peak_rss, psutil.Process().memory_info().rss)
+        if self._process is not None:  # the CPU's memory figure; a GPU's comes from its allocator, no polling
+            self.peak_rss = max(self.peak_rss, self._process.memory_info().rss)
 
     def _figures(self) -> dict:
         """Step and wait seconds, warm-up seconds and Lightning's Throughput, from the marks (synchronizes once)."""
