@@ -94,7 +94,7 @@ def committed() -> dict:
     """The CPU run's figures this estimate uses, each from a committed notebook's outputs."""
     lightning = [float(m) for m in _find("02_lightning", r"(?:ImageClassifierModule|LitLeNet|barebones): .*?"
                                                          r"([+-]\d+\.\d+) ms per step")]
-    epoch_line = r": +(\d+\.\d+) s per epoch \((\d+\.\d+)-(\d+\.\d+)\)"  # lesson 02, cell 26: median (min-max)
+    epoch_line = r": +(\d+\.\d+) s per epoch \((\d+\.\d+)-(\d+\.\d+)"  # lesson 02, cell 26: median (min-max s, n runs)
     epochs = [tuple(map(float, m)) for m in _find("02_lightning", epoch_line)]
     jpeg = _find("03_gpu_and_data", r"JPEG \+ PIL \+ v2, num_workers=0: +([\d,]+) images/s \(([\d,]+)-([\d,]+)")[0]
     return {
