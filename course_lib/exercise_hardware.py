@@ -142,80 +142,18 @@ def check_05_fusion(fn: Callable, target: float = 4.0, measure: bool = True) -> 
     return bool(ok and fast)
 
 
-def _06_worker(rank, world, store, sources, steps, batch, seed, rounds, out):
-    """One spawned gloo process of lesson 06's check: trains parallel.deep_mlp on its share of every batch, once per
-    round with each averaging function (the per-tensor baseline and the learner's, rebuilt here from its source),
-    counting dist.all_reduce calls and timing the averaging; rank 0 saves the results."""
-    import time
-
-    import torch
-    import torch.distributed as dist
-    import torch.nn.functional as F
-
+def run_06(average_gradients: Callable, steps: int, rounds: int, world: int = 2, batch: int = 16) -> dict:
+    """The per-tensor baseline and the learner's average_gradients (shipped by its source) on `world` spawned gloo
+    processes training parallel.deep_mlp (parallel.allreduce_train, never a fork after a backward); rank 0's results."""
     from . import parallel
 
-    torch.set_num_threads(1)  # the processes share the cores
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    calls, real = [0], dist.all_reduce
-
-    def counted(*args, **kwargs):
-        calls[0] += 1
-        return real(*args, **kwargs)
-
-    dist.all_reduce = counted  # this process only: it exits after the check
     try:
-        averages = {"baseline": parallel.average_per_tensor}
-        for name, (source, fn_name) in sources.items():
-            namespace = {"torch": torch, "dist": dist}
-            exec(compile(source, f"<your {fn_name}>", "exec"), namespace)
-            averages[name] = namespace[fn_name]
-        xs, ys = parallel.toy_data(steps, batch, seed=seed)
-        part = slice(rank * batch // world, (rank + 1) * batch // world)  # this rank's share of every batch
-        result = {"comm_s": {n: [] for n in averages}, "calls_per_step": {}, "state": {}}
-        for _ in range(rounds):  # the averaging functions alternate, so a slow spell hits each alike
-            for name, average in averages.items():
-                net, comm, calls[0] = parallel.deep_mlp(seed=seed), 0.0, 0
-                opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
-                for x, y in zip(xs[:, part], ys[:, part]):
-                    opt.zero_grad(set_to_none=True)
-                    F.cross_entropy(net(x), y).backward()
-                    real(torch.zeros(1))  # both ranks start the averaging together: the time is communication
-                    start = time.perf_counter()
-                    average(net, world)
-                    comm += time.perf_counter() - start
-                    opt.step()
-                result["comm_s"][name].append(comm)
-                result["calls_per_step"][name] = calls[0] / steps
-                result["state"][name] = net.state_dict()
-        if rank == 0:
-            torch.save(result, out)
-    finally:
-        dist.all_reduce = real
-        dist.destroy_process_group()
-
-
-def run_06(average_gradients: Callable, steps: int, rounds: int, world: int = 2, batch: int = 16) -> dict:
-    """Spawn `world` fresh gloo processes (importable worker, never a fork after a backward) that run the
-    per-tensor baseline and the learner's average_gradients, given by its source; rank 0's results."""
-    import inspect
-    import tempfile
-    import textwrap
-    from pathlib import Path
-
-    import torch
-    import torch.multiprocessing as mp
-
-    try:
-        source = textwrap.dedent(inspect.getsource(average_gradients))
+        learner = parallel.portable(average_gradients)
     except (OSError, TypeError) as err:
         raise ValueError("the check runs average_gradients in fresh processes from its source: define it with "
                          "`def` in a notebook cell or a file (not a lambda, not built at run time)") from err
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "rank0.pt"
-        mp.start_processes(_06_worker, nprocs=world, start_method="spawn", join=True,
-                           args=(world, f"{tmp}/store", {"learner": (source, average_gradients.__name__)}, steps,
-                                 batch, 0, rounds, out))
-        return torch.load(out, weights_only=True)
+    return parallel.allreduce_train({"baseline": parallel.average_per_tensor, "learner": learner}, world=world,
+                                    steps=steps, batch=batch, model="deep", seed=0, rounds=rounds)
 
 
 def check_06_allreduce(average_gradients: Callable, target: float = 3.0, world: int = 2,

@@ -124,14 +124,21 @@ def _allreduce_worker(rank, world, store, averages, steps, batch, model, seed, r
     torch.set_num_threads(1)  # the processes share the cores
     averages = {name: f.load() if isinstance(f, _Source) else f for name, f in averages.items()}
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    calls, real = [0], dist.all_reduce
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    dist.all_reduce = counted  # this spawned process only: it exits after training
     try:
         xs, ys = toy_data(steps, batch, seed=seed)
         part = slice(rank * batch // world, (rank + 1) * batch // world)  # this rank's share of every batch
-        result = {"comm_s": {name: [] for name in averages}, "state": {}}
+        result = {"comm_s": {name: [] for name in averages}, "calls_per_step": {}, "state": {}}
         for _ in range(rounds):  # the averaging functions alternate, so a slow spell hits each alike
             for name, average in averages.items():
                 net = deep_mlp(seed=seed) if model == "deep" else toy_model(model, seed)
-                opt, comm = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9), 0.0
+                opt, comm, calls[0] = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9), 0.0, 0
                 for x, y in zip(xs[:, part], ys[:, part]):
                     opt.zero_grad(set_to_none=True)
                     nn.functional.cross_entropy(net(x), y).backward()
@@ -141,17 +148,20 @@ def _allreduce_worker(rank, world, store, averages, steps, batch, model, seed, r
                     comm += time.perf_counter() - start
                     opt.step()
                 result["comm_s"][name].append(comm)
+                result["calls_per_step"][name] = calls[0] / steps
                 result["state"][name] = net.state_dict()
         if rank == 0:
             torch.save(result, out)
     finally:
+        dist.all_reduce = real
         dist.destroy_process_group()
 
 
 def allreduce_train(averages: dict, world: int = 2, steps: int = 5, batch: int = 16, model: str = "toy",
                     seed: int = 0, rounds: int = 1) -> dict:
     """Train with `world` gloo processes, averaging gradients by hand with each function of `averages`
-    (name -> fn(model, world)); rank 0's {"comm_s": name -> seconds per round, "state": name -> weights}.
+    (name -> fn(model, world)); rank 0's {"comm_s": name -> seconds per round, "calls_per_step": name -> the
+    dist.all_reduce calls it made per step, "state": name -> weights}.
     Workers are spawned as in ddp_train; a function defined in a notebook travels as its source (`portable`), so it
     may use modules (torch, dist, nn) but no other notebook globals."""
     with tempfile.TemporaryDirectory() as tmp:
