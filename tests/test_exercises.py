@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_lib import exercise, exercise_data, exercise_hardware
+from course_lib import exercise_data, exercise_hardware, exercise_training
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 MARK = re.compile(r"^# (EXERCISE|CHECK) (\d+)\b")
@@ -75,7 +75,7 @@ def test_warm_up_checks_show_no_answer():
 
 # ---- one measured run of every solution, generous bars --------------------------------------------------------
 def test_01_solution_measured():
-    assert exercise.check_01_loop(solution("01_pytorch_baseline")["train"], target=GENEROUS) is True
+    assert exercise_training.check_01_loop(solution("01_pytorch_baseline")["train"], target=GENEROUS) is True
 
 
 # lesson 02: no measured run here. Its rounds are 35 LeNet steps of a few ms, and on a loaded 2-core machine their
