@@ -36,10 +36,11 @@ def test_summary_names_hardware_status_and_figures():
     assert "FAIL: NameError: F" in text
 
 
-def test_lessons_are_found_in_course_order():
-    """The runner finds NN_topic notebooks sorted by number."""
-    from pathlib import Path
-
-    names = [p.stem for p in lesson_paths(Path(__file__).resolve().parents[1] / "notebooks")]
-    assert names[:3] == ["00_setup", "01_pytorch_baseline", "02_lightning"]
-    assert names == sorted(names)
+def test_lessons_are_found_in_course_order_and_nothing_else(tmp_path):
+    """The runner picks NN_topic.ipynb files in number order: no checkpoints, scratch notebooks, solutions or other
+    files, and 10 after 09."""
+    for name in ("10_extra.ipynb", "02_b.ipynb", "00_a.ipynb", "scratch.ipynb", "1_short.ipynb", "03_c.py",
+                 ".ipynb_checkpoints/00_a-checkpoint.ipynb", "solutions/01_x.ipynb", "09_z.ipynb"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("{}")
+    assert [p.name for p in lesson_paths(tmp_path)] == ["00_a.ipynb", "02_b.ipynb", "09_z.ipynb", "10_extra.ipynb"]
