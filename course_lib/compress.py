@@ -24,7 +24,8 @@ from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
     get_default_x86_inductor_quantization_config,
 )
 
-from .models import top1_accuracy
+from . import hardware
+from .metrics import top1_accuracy
 from .timing import time_calls
 
 #: the batch dimension stays symbolic in every exported graph, so one program serves batch 1 and batch 64

@@ -123,13 +123,15 @@ def augment_batch(x: torch.Tensor, pad: int = 4) -> torch.Tensor:
 
 
 def to_float(x: torch.Tensor, mean=CIFAR10_MEAN, std=CIFAR10_STD) -> torch.Tensor:
-    """uint8 (B, C, H, W) in [0, 255] to normalised float32; mean/std None leaves [0, 1]."""
-    x = x.float().div_(255)
+    """The course's one normalisation: pixels (B, C, H, W) in [0, 255], uint8 or float, to a new float32 tensor
+    (x / 255 - mean) / std per channel. mean/std: per-channel sequences or (C,) tensors in [0, 1] units (tensors
+    already on x's device cost no copy per call); None leaves [0, 1]."""
+    x = x.to(torch.float32, copy=True).div_(255)  # a copy: a float input stays the caller's
     if mean is None:
         return x
-    m = torch.tensor(mean, device=x.device)[:, None, None]
-    s = torch.tensor(std, device=x.device)[:, None, None]
-    return (x - m) / s
+    m = torch.as_tensor(mean, dtype=torch.float32, device=x.device).reshape(-1, 1, 1)  # (C, 1, 1)
+    s = torch.as_tensor(std, dtype=torch.float32, device=x.device).reshape(-1, 1, 1)
+    return x.sub_(m).div_(s)
 
 
 class ImageTensorDataset(Dataset):
@@ -149,8 +151,8 @@ class ImageTensorDataset(Dataset):
     def __getitems__(self, idx: list[int]):
         """A whole batch at once: the DataLoader calls this instead of __getitem__ per sample."""
         idx = torch.as_tensor(idx)
-        x = self.images[idx].float()
-        x = augment_batch(x) if self.augment else x
+        x = self.images[idx]
+        x = augment_batch(x.float()) if self.augment else x  # augmentation on float pixels, still in [0, 255]
         return to_float(x, self.mean, self.std), self.labels[idx]
 
 
@@ -175,7 +177,7 @@ _LOADED: dict[tuple, dict] = {}  # decoded splits, so that benchmarks building m
 class CIFAR10DataModule(L.LightningDataModule):
     """CIFAR-10 (torchvision download), any <root>/<split>/<class>/*.jpg folder, or a saved .pt cache; seeded splits."""
 
-    def __init__(self, image_folder: str | None = None, data_dir: str | None = None, test_folder: str | None = None,
+    def __init__(self, *, image_folder: str | None = None, data_dir: str | None = None, test_folder: str | None = None,
                  mirror_url: str | None = None, batch_size: int = 64, num_workers: int = 0,
                  pin_memory: bool = False, persistent_workers: bool = False, augment: bool = False,
                  normalize: bool = True, mean: tuple = CIFAR10_MEAN, std: tuple = CIFAR10_STD,

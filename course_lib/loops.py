@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .models import top1_accuracy
+from .metrics import top1_accuracy
 from .optim import make_optimizer
 from .timing import DeviceTimer
 

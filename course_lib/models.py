@@ -4,9 +4,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchmetrics.classification import MulticlassAccuracy
-
-from .data import to_float
 
 WIDTHS = (64, 256, 256)  # channels of the three conv groups, as in airbench94
 
@@ -129,13 +126,17 @@ class AirNet(nn.Module):
 @torch.no_grad()
 def init_whitening(net: AirNet, images: torch.Tensor, max_images: int = 5000, eps: float = 5e-4) -> None:
     """Set net.whiten to the eigenvectors of the 2x2 patches' second-moment matrix (uncentred, as airbench94),
-    largest eigenvalue first, each scaled to unit output variance, and their negatives; its bias to zero."""
-    if images.ndim != 4 or images.shape[1] != 3 or len(images) == 0:
-        raise ValueError(f"init_whitening needs training images shaped (N, 3, H, W), got {tuple(images.shape)}.")
+    largest eigenvalue first, each scaled to unit output variance, and their negatives; its bias to zero.
+
+    images: the net's own input, float (N, 3, H, W) training images normalised as for training (e.g.
+    data.to_float(uint8_images[:5000])); the net knows nothing of the data's statistics."""
+    if images.ndim != 4 or images.shape[1] != 3 or len(images) == 0 or not images.is_floating_point():
+        raise ValueError(f"init_whitening needs normalised float training images shaped (N, 3, H, W), got "
+                         f"{images.dtype} {tuple(images.shape)}. Normalise uint8 images first: "
+                         f"init_whitening(net, data.to_float(images[:5000])).")
     outer, n = torch.zeros(12, 12, dtype=torch.float64, device=images.device), 0
     for chunk in images[:max_images].split(500):  # chunks: the patches of 5,000 images would take 0.5 GB
-        x = to_float(chunk) if chunk.dtype == torch.uint8 else chunk.float()
-        p = x.unfold(2, 2, 1).unfold(3, 2, 1)  # (b, 3, H-1, W-1, 2, 2)
+        p = chunk.unfold(2, 2, 1).unfold(3, 2, 1)  # (b, 3, H-1, W-1, 2, 2)
         p = p.permute(0, 2, 3, 1, 4, 5).reshape(-1, 12).double()  # one row per patch, ordered like a conv filter
         outer, n = outer + p.T @ p, n + len(p)
     eigval, eigvec = torch.linalg.eigh(outer / n)  # (12, 12) second moments; ascending eigenvalues, vectors in columns
@@ -156,11 +157,6 @@ def build_model(name: str, **kwargs) -> nn.Module:
     if name not in MODELS:
         raise ValueError(f"Unknown model {name!r}; choose one of {sorted(MODELS)}.")
     return MODELS[name](**kwargs)
-
-
-def top1_accuracy(num_classes: int = 10) -> MulticlassAccuracy:
-    """The course's one accuracy metric: top-1 over all samples (micro), accumulated on the metric's device."""
-    return MulticlassAccuracy(num_classes, average="micro", validate_args=False)
 
 
 def count_parameters(model: nn.Module) -> int:

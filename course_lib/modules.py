@@ -6,17 +6,20 @@ import warnings
 import lightning as L
 import torch
 from torch import nn
-from torchmetrics import MeanMetric
 
-from .models import build_model, top1_accuracy
+from .metrics import mean_loss, top1_accuracy
+from .models import build_model
 from .optim import make_optimizer
 
 STAGES = ("train", "val", "test")
 
 
 class ClassifierSystem(L.LightningModule):
-    """A net trained with cross-entropy; loss and accuracy accumulate on the device and are logged once per epoch.
+    """A net trained with cross-entropy; loss and accuracy accumulate on the device as torchmetrics objects, which
+    self.log hands to the Trainer: it computes them once per epoch (synced across processes under DDP) and resets them.
 
+    Under Trainer(barebones=True), which forbids self.log, the epoch-end hooks compute and reset them by hand into
+    self.epoch_metrics instead (empty under any other Trainer: read trainer.callback_metrics there).
     Subclasses call save_hyperparameters() and add configure_optimizers; this class owns the rest of the loop."""
 
     def __init__(self, net: nn.Module, num_classes: int = 10, label_smoothing: float = 0.0,
@@ -27,12 +30,12 @@ class ClassifierSystem(L.LightningModule):
         if compile:  # in place, so checkpoint keys stay those of the eager net
             net.compile()
         self.net, self._channels_last = net, channels_last
-        self.epoch_metrics: dict[str, torch.Tensor] = {}  # the last epoch's loss and accuracy per stage
+        self.epoch_metrics: dict[str, torch.Tensor] = {}  # barebones only: the last epoch's loss and accuracy
         self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
         # one metric pair per stage, so running states never mix; both accumulate on the device without syncing
         for stage in STAGES:
             setattr(self, f"{stage}_acc", top1_accuracy(num_classes))
-            setattr(self, f"{stage}_loss", MeanMetric(nan_strategy="disable"))
+            setattr(self, f"{stage}_loss", mean_loss())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 3, H, W) -> (B, classes)
         if self._channels_last:
@@ -48,10 +51,14 @@ class ClassifierSystem(L.LightningModule):
         x, y = batch
         logits = self._logits(x, stage)
         loss = self.criterion(logits, y)
-        getattr(self, f"{stage}_acc").update(logits.detach(), y)
+        acc, mean = getattr(self, f"{stage}_acc"), getattr(self, f"{stage}_loss")
+        acc.update(logits.detach(), y)
         # one value per sample gives the per-sample mean even when the last batch is smaller (weight= is dropped
         # by MeanMetric(nan_strategy="disable") in torchmetrics 1.9, issue #3434)
-        getattr(self, f"{stage}_loss").update(loss.detach().expand(len(y)))
+        mean.update(loss.detach().expand(len(y)))
+        if not self.trainer.barebones:  # the Metric objects themselves: no value is read here, so no host sync
+            self.log(f"{stage}_loss", mean, on_step=False, on_epoch=True, prog_bar=True)
+            self.log(f"{stage}_acc", acc, on_step=False, on_epoch=True, prog_bar=True)
         return loss
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
@@ -63,31 +70,31 @@ class ClassifierSystem(L.LightningModule):
     def test_step(self, batch, batch_idx: int) -> None:
         self._shared_step(batch, "test")
 
-    def _log_epoch(self, stage: str) -> None:
-        """Log the epoch's mean loss and accuracy (one host sync per epoch; synced across processes under DDP);
-        under Trainer(barebones=True), which forbids self.log, they are only kept in self.epoch_metrics."""
-        acc, loss = getattr(self, f"{stage}_acc"), getattr(self, f"{stage}_loss")
-        metrics = {f"{stage}_loss": loss.compute(), f"{stage}_acc": acc.compute()}
-        self.epoch_metrics.update(metrics)
+    def _barebones_epoch_end(self, stage: str) -> None:
+        """Under Trainer(barebones=True) only: the epoch's loss and accuracy into self.epoch_metrics (one host sync
+        per epoch, when they are read), then reset, as the Trainer does for logged metrics."""
         if not self.trainer.barebones:
-            self.log_dict(metrics, prog_bar=True)
+            return
+        acc, loss = getattr(self, f"{stage}_acc"), getattr(self, f"{stage}_loss")
+        self.epoch_metrics.update({f"{stage}_loss": loss.compute(), f"{stage}_acc": acc.compute()})
         acc.reset()
         loss.reset()
 
     def on_train_epoch_end(self) -> None:
-        self._log_epoch("train")
+        self._barebones_epoch_end("train")
 
     def on_validation_epoch_end(self) -> None:
-        self._log_epoch("val")
+        self._barebones_epoch_end("val")
 
     def on_test_epoch_end(self) -> None:
-        self._log_epoch("test")
+        self._barebones_epoch_end("test")
 
 
 class ImageClassifierModule(ClassifierSystem):
-    """Any backbone with SGD or AdamW and a one-cycle schedule: lessons 02-07's training system."""
+    """Any backbone with SGD or AdamW and a one-cycle schedule: lessons 02-07's training system. All settings but the
+    backbone are keyword-only; LightningCLI sets each from YAML or a flag (--model.lr 0.1)."""
 
-    def __init__(self, backbone: str | nn.Module = "lenet", num_classes: int = 10, optimizer: str = "sgd",
+    def __init__(self, backbone: str | nn.Module = "lenet", *, num_classes: int = 10, optimizer: str = "sgd",
                  lr: float = 0.05, momentum: float = 0.9, nesterov: bool = True, weight_decay: float = 5e-4,
                  label_smoothing: float = 0.0, schedule: str = "onecycle", warmup_fraction: float = 0.25,
                  channels_last: bool = False, compile: bool = False, classes: list[str] | None = None):
@@ -119,27 +126,28 @@ class ImageClassifierModule(ClassifierSystem):
                              f"Train it on data with the same classes, or start a new model.")
         hp.classes = list(classes)
 
-    @property
-    def model(self) -> nn.Module:
-        """The backbone (the name lessons 02-07 use for it)."""
-        return self.net
-
-    def predict_step(self, batch, batch_idx: int) -> torch.Tensor:
-        return self(batch[0]).softmax(dim=-1)  # (B, classes) class probabilities
-
     def configure_optimizers(self):
         hp = self.hparams
-        total = int(self.trainer.estimated_stepping_batches)
-        if getattr(self, "_resumed_steps", None) and self._resumed_steps[0] not in (None, total):
-            raise ValueError(f"The checkpoint's one-cycle schedule spans {self._resumed_steps[0]} steps but this run "
-                             f"needs {total}. Resume with the same max_epochs, batch size and data as the interrupted "
-                             f"run; to train longer, start a new run from its weights (load_from_checkpoint) or use "
-                             f"schedule='constant'.")
-        opt, sched = make_optimizer(self.parameters(), total, hp.optimizer,
-                                    hp.lr, hp.momentum, hp.nesterov, hp.weight_decay, hp.schedule, hp.warmup_fraction)
+        opt, sched = make_optimizer(self.parameters(), int(self.trainer.estimated_stepping_batches),
+                                    optimizer=hp.optimizer, lr=hp.lr, momentum=hp.momentum, nesterov=hp.nesterov,
+                                    weight_decay=hp.weight_decay, schedule=hp.schedule,
+                                    warmup_fraction=hp.warmup_fraction)
         if sched is None:
             return opt
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self._resumed_steps = [s.get("total_steps") for s in checkpoint.get("lr_schedulers", [])]
+    def on_train_start(self) -> None:
+        """A resumed fit's one-cycle schedule must span this run's steps. The Trainer restores the checkpoint's
+        schedule after configure_optimizers and before this hook, so the live scheduler is compared with the run, not
+        a value some other hook left behind (load_from_checkpoint then a new, longer fit is fine)."""
+        total = int(self.trainer.estimated_stepping_batches)
+        for scheduler in self.trainer.lr_scheduler_configs:
+            spans = getattr(scheduler.scheduler, "total_steps", total)  # OneCycleLR's length, restored with its state
+            if spans != total:
+                raise ValueError(f"The checkpoint's one-cycle schedule spans {spans} steps but this run needs "
+                                 f"{total}. Resume with the same max_epochs, batch size and data as the interrupted "
+                                 f"run; to train longer, start a new run from its weights (load_from_checkpoint) or "
+                                 f"use schedule='constant'.")
+
+    def predict_step(self, batch, batch_idx: int) -> torch.Tensor:
+        return self(batch[0]).softmax(dim=-1)  # (B, classes) class probabilities

@@ -5,7 +5,7 @@ from typing import Callable
 
 import torch
 
-from .data import CIFAR10_MEAN, CIFAR10_STD, CIFAR10DataModule, EpochSampler, augment_batch, crop_flip
+from .data import CIFAR10_MEAN, CIFAR10_STD, CIFAR10DataModule, EpochSampler, augment_batch, crop_flip, to_float
 
 #: augment(x, idx, epoch): float (B, C, H, W) pixels in [0, 255], the images' dataset indices, the epoch -> batch
 Augment = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
@@ -50,7 +50,7 @@ class DeviceBatches:
     world size, then every num_replicas-th index from `rank`. Lightning shards only real DataLoaders, so an unsharded
     DeviceBatches refuses to run in a process group of several."""
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, shuffle: bool = False,
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, *, shuffle: bool = False,
                  seed: int = 0, augment: Augment | None = None, drop_last: bool = False,
                  mean: tuple | None = CIFAR10_MEAN, std: tuple | None = CIFAR10_STD, num_replicas: int = 1,
                  rank: int = 0):
@@ -69,9 +69,9 @@ class DeviceBatches:
         self.shuffle, self.augment, self.drop_last = shuffle, augment, drop_last
         self.sampler = EpochSampler(len(labels), seed)  # Lightning finds .sampler and calls set_epoch on it
         self.batch_sampler = None  # Lightning inspects it to tell whether evaluation data are shuffled
-        dev = images.device  # in pixel units, made once: no copy per batch; None: scale to [0, 1] only
-        self.mean = torch.tensor(mean or 0.0, device=dev).reshape(-1, 1, 1) * 255
-        self.std = torch.tensor(std or 1.0, device=dev).reshape(-1, 1, 1) * 255
+        # data.to_float's statistics, made on the device once: no host-to-device copy per batch; None: [0, 1] only
+        self.mean = None if mean is None else torch.tensor(mean, dtype=torch.float32, device=images.device)
+        self.std = None if mean is None else torch.tensor(std, dtype=torch.float32, device=images.device)
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
@@ -100,17 +100,17 @@ class DeviceBatches:
         order = self.shard().to(dev)
         for i in range(len(self)):
             idx = order[i * self.batch_size:(i + 1) * self.batch_size]  # images and labels share the indices
-            x = self.images[idx].float()  # (B, 3, H, W) pixels, gathered on the device
-            x = self.augment(x, idx, epoch) if self.augment else x
-            yield (x - self.mean) / self.std, self.labels[idx]
+            x = self.images[idx]  # (B, 3, H, W) uint8 pixels, gathered on the device
+            x = self.augment(x.float(), idx, epoch) if self.augment else x
+            yield to_float(x, self.mean, self.std), self.labels[idx]
 
 
 class DeviceCIFAR10DataModule(CIFAR10DataModule):
     """CIFAR10DataModule whose whole uint8 dataset sits on the accelerator, where batches are normalised and
     augmented."""
 
-    def __init__(self, *args, device: str | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, *, device: str | None = None, **kwargs):
+        super().__init__(**kwargs)
         self.device = device  # None: the Trainer's device, else the GPU if there is one, else the CPU
 
     def setup(self, stage: str | None = None) -> None:
@@ -152,9 +152,9 @@ class SpeedrunDataModule(DeviceCIFAR10DataModule):
     seeds can share one test set. A speedrun does not validate, so by default no validation images are carved:
     all 50,000 training images train (45,000 when the test split is carved from them too)."""
 
-    def __init__(self, *args, batch_size: int = 1024, eval_batch_size: int = 1000, translate: int = 2,
+    def __init__(self, *, batch_size: int = 1024, eval_batch_size: int = 1000, translate: int = 2,
                  flip: bool = True, shuffle_seed: int | None = None, val_fraction: float = 0.0, **kwargs):
-        super().__init__(*args, batch_size=batch_size, val_fraction=val_fraction, **kwargs)
+        super().__init__(batch_size=batch_size, val_fraction=val_fraction, **kwargs)
         self.eval_batch_size, self.translate, self.flip = eval_batch_size, translate, flip
         self.shuffle_seed = self.hparams.seed if shuffle_seed is None else shuffle_seed
 

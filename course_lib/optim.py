@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 
-def make_optimizer(params, total_steps: int, optimizer: str = "sgd", lr: float = 0.05, momentum: float = 0.9,
+def make_optimizer(params, total_steps: int, *, optimizer: str = "sgd", lr: float = 0.05, momentum: float = 0.9,
                    nesterov: bool = True, weight_decay: float = 5e-4, schedule: str = "onecycle",
                    warmup_fraction: float = 0.25):
     """The optimiser and per-step LR schedule shared by the Lightning module and the plain loop."""

@@ -1,6 +1,8 @@
 """ImageClassifierModule under a real Trainer, its metrics against hand counts, optimiser and schedule, loops."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import lightning as L
 import pytest
 import torch
@@ -45,7 +47,7 @@ def run_test_and_count_by_hand(tiny_folder, tmp_path):
                            test_folder=str(tiny_folder / "train"))
     module = ImageClassifierModule("simple_cnn", num_classes=3)
     with torch.no_grad():  # a bias towards class 1 makes per-batch accuracies differ from each other
-        module.model.fc.bias.copy_(torch.tensor([0.0, 0.02, 0.0]))
+        module.net.fc.bias.copy_(torch.tensor([0.0, 0.02, 0.0]))
     logged = quiet_trainer(tmp_path).test(module, datamodule=dm, verbose=False)[0]
 
     correct, loss_sum, n = 0, 0.0, 0
@@ -154,20 +156,93 @@ def test_predict_loop_returns_all_labels():
     assert torch.equal(preds, model(xs).argmax(dim=1))
 
 
-def test_barebones_trains_and_keeps_the_epoch_metrics(tiny_folder, tmp_path):
-    """Under Trainer(barebones=True), which forbids self.log, the module trains and keeps its epoch loss and
-    accuracy in epoch_metrics, the same values a logging Trainer logs."""
-    results = {}
-    for bare in (True, False):
-        L.seed_everything(0, verbose=False)
-        module = ImageClassifierModule("lenet")
-        extra = {"barebones": True} if bare else {"logger": False, "enable_checkpointing": False,
-                                                  "enable_progress_bar": False, "enable_model_summary": False}
-        trainer = L.Trainer(accelerator="cpu", max_epochs=1, limit_val_batches=0, num_sanity_val_steps=0, **extra)
-        trainer.fit(module, datamodule=CIFAR10DataModule(image_folder=str(tiny_folder), data_dir=str(tmp_path),
-                                                          batch_size=16))
-        results[bare] = {k: float(v) for k, v in module.epoch_metrics.items()}
-        if not bare:
-            assert float(trainer.callback_metrics["train_loss"]) == results[bare]["train_loss"]
-    assert set(results[True]) == {"train_loss", "train_acc"}
-    assert results[True] == results[False]
+def frozen_fit(tiny_folder, tmp_path, **trainer_kw):
+    """One epoch of training at lr 0 (the weights never change, so the epoch's metrics can be counted by hand
+    afterwards) in uneven batches (48 = 10+10+10+10+8); the module, the DataModule and the Trainer."""
+    L.seed_everything(0, verbose=False)
+    module = ImageClassifierModule("simple_cnn", num_classes=3, lr=0.0, weight_decay=0.0, schedule="constant")
+    with torch.no_grad():  # a bias towards class 1 makes the accuracy non-trivial
+        module.net.fc.bias.copy_(torch.tensor([0.0, 0.02, 0.0]))
+    dm = CIFAR10DataModule(image_folder=str(tiny_folder), data_dir=str(tmp_path), batch_size=10)
+    trainer = L.Trainer(accelerator="cpu", max_epochs=1, limit_val_batches=0, num_sanity_val_steps=0, **trainer_kw)
+    trainer.fit(module, datamodule=dm)
+    return module, dm, trainer
+
+
+def count_by_hand(module, loader) -> dict[str, float]:
+    """Accuracy and per-sample mean cross-entropy of the module's weights over a loader, counted by hand."""
+    correct, loss_sum, n = 0, 0.0, 0
+    with torch.no_grad():
+        for x, y in loader:
+            logits = module(x)
+            correct += (logits.argmax(dim=1) == y).sum().item()
+            loss_sum += torch.nn.functional.cross_entropy(logits, y, reduction="sum").item()
+            n += len(y)
+    assert n == 48
+    return {"train_acc": correct / n, "train_loss": loss_sum / n}
+
+
+def test_logged_metric_objects_are_computed_and_reset_by_the_trainer(tiny_folder, tmp_path):
+    """The module logs its Metric objects: after a fit, callback_metrics hold the epoch's per-sample accuracy and
+    loss (equal to a hand count over the uneven batches), the Trainer has reset the metrics, and no shadow dict
+    is kept."""
+    module, dm, trainer = frozen_fit(tiny_folder, tmp_path, logger=False, enable_checkpointing=False,
+                                     enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    hand = count_by_hand(module, dm.train_dataloader())
+    assert 0 < hand["train_acc"] < 1
+    assert float(trainer.callback_metrics["train_acc"]) == pytest.approx(hand["train_acc"], abs=1e-6)
+    assert float(trainer.callback_metrics["train_loss"]) == pytest.approx(hand["train_loss"], rel=1e-5)
+    assert module.train_acc.update_count == 0 and module.train_loss.update_count == 0  # reset by the Trainer
+    assert module.epoch_metrics == {}
+
+
+def test_barebones_computes_the_epoch_metrics_by_hand(tiny_folder, tmp_path):
+    """Under Trainer(barebones=True), which forbids self.log, the module still trains, and epoch_metrics holds the
+    epoch's loss and accuracy (equal to a hand count), with the metrics reset for the next epoch."""
+    module, dm, trainer = frozen_fit(tiny_folder, tmp_path, barebones=True)
+    hand = count_by_hand(module, dm.train_dataloader())
+    assert set(module.epoch_metrics) == {"train_loss", "train_acc"}
+    assert float(module.epoch_metrics["train_acc"]) == pytest.approx(hand["train_acc"], abs=1e-6)
+    assert float(module.epoch_metrics["train_loss"]) == pytest.approx(hand["train_loss"], rel=1e-5)
+    assert module.train_acc.update_count == 0 and module.train_loss.update_count == 0
+    assert trainer.global_step == 5
+
+
+def fit_then_save(tiny_folder, tmp_path) -> Path:
+    """A one-epoch one-cycle fit in batches of 8 (6 steps), saved as a checkpoint; its path."""
+    L.seed_everything(0, verbose=False)
+    dm = CIFAR10DataModule(image_folder=str(tiny_folder), data_dir=str(tmp_path), batch_size=8)
+    trainer = quiet_trainer(tmp_path, max_epochs=1, limit_val_batches=0)
+    trainer.fit(ImageClassifierModule("simple_cnn", num_classes=3), datamodule=dm)
+    trainer.save_checkpoint(tmp_path / "one.ckpt")
+    return tmp_path / "one.ckpt"
+
+
+def test_resuming_with_another_schedule_length_is_refused(tiny_folder, tmp_path):
+    """Resuming a one-cycle fit (6 steps) with max_epochs=2 (12 steps) would bend its schedule: refused, naming the
+    remedies."""
+    ckpt = fit_then_save(tiny_folder, tmp_path)
+    dm = CIFAR10DataModule(image_folder=str(tiny_folder), data_dir=str(tmp_path), batch_size=8)
+    with pytest.raises(ValueError, match="spans 6 steps but this run needs 12"):
+        quiet_trainer(tmp_path, max_epochs=2, limit_val_batches=0).fit(
+            ImageClassifierModule("simple_cnn", num_classes=3), datamodule=dm, ckpt_path=ckpt)
+
+
+def test_new_fit_from_loaded_weights_takes_any_length(tiny_folder, tmp_path):
+    """The check does not hang on hook order: a module rebuilt by load_from_checkpoint (which runs
+    on_load_checkpoint) starts a new, longer fit with a fresh 12-step schedule."""
+    module = ImageClassifierModule.load_from_checkpoint(fit_then_save(tiny_folder, tmp_path))
+    dm = CIFAR10DataModule(image_folder=str(tiny_folder), data_dir=str(tmp_path), batch_size=8)
+    trainer = quiet_trainer(tmp_path, max_epochs=2, limit_val_batches=0)
+    trainer.fit(module, datamodule=dm)
+    assert trainer.global_step == 12 and trainer.lr_scheduler_configs[0].scheduler.total_steps == 12
+
+
+def test_settings_but_the_backbone_are_keyword_only():
+    """ImageClassifierModule and CIFAR10DataModule take their many settings by keyword only."""
+    with pytest.raises(TypeError):
+        ImageClassifierModule("lenet", 3)
+    with pytest.raises(TypeError):
+        CIFAR10DataModule("folder")
+    with pytest.raises(TypeError):
+        make_optimizer([torch.nn.Parameter(torch.zeros(1))], 10, "sgd")
