@@ -19,13 +19,15 @@ _FILE_LISTS: dict = {}  # image folder -> ImageFolder: the 50,000 file names are
 
 
 def jpeg_folder(source: str | None, data_root: str | Path | None = None, mirror_url: str | None = None) -> Path:
-    """The training JPEGs as <folder>/train/<class>/*.jpg: `source` (config.data_source()) where it names a folder,
-    else one written once under the data root from torchvision's checked download (a half-written one is rebuilt)."""
+    """The training JPEGs as <folder>/train/<class>/*.jpg: `source` (checked by config.data_source) where it names a
+    folder, else one written once under the data root from torchvision's checked download (a half-written one is
+    rebuilt)."""
+    source = config.data_source(source) if source else None  # a missing folder: an error naming the remedy
     if source:
-        if not (Path(source) / "train").is_dir():
-            raise FileNotFoundError(f"{config.DATA_ENV}={source} has no train/<class>/*.jpg folder. Point "
-                                    f"{config.DATA_ENV} at a folder laid out as <folder>/train/<class>/*.jpg, or "
-                                    f"set it to 'torchvision' to download CIFAR-10.")
+        if not Path(source).is_dir():
+            raise FileNotFoundError(f"{source} is a file: the JPEG pipeline reads image files, laid out as "
+                                    f"<folder>/train/<class>/*.jpg. Point {config.DATA_ENV} at such a folder, or set "
+                                    f"it to 'torchvision' to download CIFAR-10.")
         return Path(source)
     folder = Path(data_root or config.data_root()) / "cifar10-jpeg"
     done = folder / "train" / ".complete"  # written last
@@ -53,18 +55,23 @@ def per_image_transform() -> v2.Compose:
 
 
 class JpegDataModule(L.LightningDataModule):
-    """Training batches from JPEG files: per step, batch_size files opened, decoded and augmented one by one."""
+    """Training batches from JPEG files: per step, batch_size files opened, decoded and augmented one by one.
+
+    image_folder: <folder>/train/<class>/*.jpg; None: the course's data source (config.data_source()), resolved once
+    here; where that is torchvision's download, prepare_data writes the JPEG folder from it once."""
 
     def __init__(self, batch_size: int = 64, num_workers: int = 0, pin_memory: bool = False,
-                 persistent_workers: bool = False, subset: int | None = None, seed: int = 0):
+                 persistent_workers: bool = False, subset: int | None = None, seed: int = 0, *,
+                 image_folder: str | None = None):
         super().__init__()
         self.save_hyperparameters()
+        self.source = config.data_source(image_folder)  # a missing folder fails here, naming the remedy
 
     def prepare_data(self) -> None:
-        jpeg_folder(config.data_source())  # downloads and writes the folder once where there is none
+        jpeg_folder(self.source)  # downloads and writes the folder once where there is none
 
     def setup(self, stage: str | None = None) -> None:
-        folder = str(jpeg_folder(config.data_source()))
+        folder = str(jpeg_folder(self.source))
         if folder not in _FILE_LISTS:
             _FILE_LISTS[folder] = datasets.ImageFolder(f"{folder}/train")
         full = _FILE_LISTS[folder]

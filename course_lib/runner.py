@@ -15,7 +15,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 from traitlets.config import Config
 
-from . import config
+from . import config, hardware, results
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # terminal colour and cursor codes (Jupyter's tracebacks carry them)
 
@@ -41,7 +41,7 @@ def kernel_config(sockets: str) -> Config:
 
 def run_lesson(path: Path, out_dir: Path, inplace: bool, timeout: int) -> dict:
     """Execute one notebook in its own folder; save it executed; return status, wall time and figures."""
-    (config.build_dir() / "results" / f"{path.stem}.json").unlink(missing_ok=True)  # no stale figures
+    results.clear(path.stem)  # no stale figures
     nb = nbformat.read(path, as_version=4)
     start, error = time.perf_counter(), None
     with tempfile.TemporaryDirectory(prefix="course_kernel_") as sockets:
@@ -57,12 +57,12 @@ def run_lesson(path: Path, out_dir: Path, inplace: bool, timeout: int) -> dict:
     if inplace and error is None:
         nbformat.write(nb, path)
     return {"lesson": path.stem, "ok": error is None, "seconds": seconds, "error": error,
-            "figures": config.load_results(path.stem)}
+            "figures": results.load(path.stem)}
 
 
-def summary_markdown(rows: list[dict], size: str, hardware: str) -> str:
+def summary_markdown(rows: list[dict], size: str, machine: str) -> str:
     """The course summary: per lesson pass/fail, wall time and the figures it measured."""
-    lines = [f"# Course run: size {size}, {time.strftime('%Y-%m-%d %H:%M')}", "", f"Hardware: {hardware}", "",
+    lines = [f"# Course run: size {size}, {time.strftime('%Y-%m-%d %H:%M')}", "", f"Hardware: {machine}", "",
              "| lesson | result | wall time | figures measured |", "|---|---|---|---|"]
     for r in rows:
         figs = "; ".join(f"{f['name']} = {f['value']:.4g}{(' ' + f['unit']) if f['unit'] else ''}"
@@ -74,10 +74,10 @@ def summary_markdown(rows: list[dict], size: str, hardware: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def merge_rows(previous: dict | None, rows: list[dict], size: str, hardware: str) -> list[dict]:
+def merge_rows(previous: dict | None, rows: list[dict], size: str, machine: str) -> list[dict]:
     """This run's rows, plus the rows of an earlier run (same size and hardware) for the lessons not run now, each
     marked with when it ran: running one lesson updates its line of the summary instead of replacing the summary."""
-    if not previous or previous.get("size") != size or previous.get("hardware") != hardware:
+    if not previous or previous.get("size") != size or previous.get("hardware") != machine:
         return rows
     now = {r["lesson"] for r in rows}
     kept = [{**r, "earlier": r.get("earlier") or previous["time"]} for r in previous["rows"] if r["lesson"] not in now]
@@ -91,12 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inplace", action="store_true", help="also write outputs back into notebooks/")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds allowed per cell")
     args = parser.parse_args(argv)
-    size, hardware = config.run_size().name, config.hardware_label()
+    size, machine = config.run_size().name, hardware.label()
     paths = [p for p in lesson_paths(Path(args.notebooks))
              if not args.lessons or any(p.stem.startswith(k) for k in args.lessons)]
     if not paths:
         raise SystemExit(f"No lessons matching {args.lessons or 'NN_*.ipynb'} in {args.notebooks}.")
-    print(f"Running {len(paths)} lessons, size {size}, on {hardware}", flush=True)
+    print(f"Running {len(paths)} lessons, size {size}, on {machine}", flush=True)
     rows = []
     for i, path in enumerate(paths, 1):
         print(f"[{i}/{len(paths)}] {path.stem} ...", end=" ", flush=True)
@@ -105,11 +105,11 @@ def main(argv: list[str] | None = None) -> int:
               + (f": {rows[-1]['error']}" if rows[-1]["error"] else ""), flush=True)
     record = config.build_dir() / "summary.json"  # every lesson's latest row, so partial runs merge
     previous = json.loads(record.read_text()) if record.exists() else None
-    ran, rows = rows, merge_rows(previous, rows, size, hardware)
+    ran, rows = rows, merge_rows(previous, rows, size, machine)
     record.parent.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps({"size": size, "hardware": hardware, "time": time.strftime("%Y-%m-%d %H:%M"),
+    record.write_text(json.dumps({"size": size, "hardware": machine, "time": time.strftime("%Y-%m-%d %H:%M"),
                                   "rows": rows}, indent=1))
-    summary = summary_markdown(rows, size, hardware)
+    summary = summary_markdown(rows, size, machine)
     (config.build_dir() / "summary.md").write_text(summary)
     print("\n" + summary + f"\nExecuted notebooks and this summary are in {config.build_dir()}/")
     return 0 if all(r["ok"] for r in ran) else 1

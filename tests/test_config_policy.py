@@ -1,8 +1,9 @@
-"""The precision policy: bf16 only where the hardware computes it natively, from injected capability facts."""
+"""course_lib.hardware: the one CPU-capability reader, and the precision policy (bf16 only where the hardware computes
+it natively), from injected capability facts."""
 import pytest
 import torch
 
-from course_lib import config
+from course_lib import hardware
 
 GPU_OLD = {"gpu": "Tesla T4", "compute_capability": "7.5", "bf16_native": False}
 GPU_NEW = {"gpu": "NVIDIA H100", "compute_capability": "9.0", "bf16_native": True}
@@ -17,52 +18,71 @@ CPUINFO = "processor\t: {n}\nvendor_id\t: X\nmodel name\t: X\nflags\t\t: {flags}
                                             (CPU_PLAIN, "32-true"), ({"gpu": None}, "32-true")])
 def test_precision_default_follows_hardware(info, expected):
     """bf16 where native (GPU sm80+, CPU with AVX512_BF16/AMX), fp16 on older GPUs, fp32 on other CPUs."""
-    assert config.choose_precision(None, info) == expected
+    assert hardware.choose_precision(None, info) == expected
 
 
 def test_explicit_bf16_on_a_cpu_without_it_is_honoured_but_never_the_default():
     """Emulated bf16 runs (lesson 04 measures it), so an explicit request stands; the policy never picks it."""
-    assert config.choose_precision("bf16-mixed", CPU_PLAIN) == "bf16-mixed"
-    assert config.choose_precision(None, CPU_PLAIN) == "32-true"
-    assert config.choose_precision("bf16-mixed", CPU_BF16) == "bf16-mixed"
-    assert config.choose_precision("32-true", CPU_PLAIN) == "32-true"
+    assert hardware.choose_precision("bf16-mixed", CPU_PLAIN) == "bf16-mixed"
+    assert hardware.choose_precision(None, CPU_PLAIN) == "32-true"
+    assert hardware.choose_precision("bf16-mixed", CPU_BF16) == "bf16-mixed"
+    assert hardware.choose_precision("32-true", CPU_PLAIN) == "32-true"
 
 
 def test_precision_errors_name_the_remedy():
     """Requests the hardware lacks, or unknown names, fail with the alternative named."""
     with pytest.raises(ValueError, match="16-mixed"):
-        config.choose_precision("bf16-mixed", GPU_OLD)
-    assert config.choose_precision("bf16-mixed", GPU_NEW) == "bf16-mixed"
+        hardware.choose_precision("bf16-mixed", GPU_OLD)
+    assert hardware.choose_precision("bf16-mixed", GPU_NEW) == "bf16-mixed"
     for cpu in (CPU_BF16, CPU_PLAIN):
         with pytest.raises(ValueError, match="GPU technique.*'32-true'"):
-            config.choose_precision("16-mixed", cpu)
+            hardware.choose_precision("16-mixed", cpu)
     with pytest.raises(ValueError, match="Unknown precision"):
-        config.choose_precision("fp8", GPU_NEW)
+        hardware.choose_precision("fp8", GPU_NEW)
 
 
-@pytest.mark.parametrize("extra, native", [("", False), (" avx512f avx512_bf16", True), (" amx_bf16 amx_tile", True),
-                                           (" avx512f avx512_vnni amx_int8", False)])
-def test_cpuinfo_flags_parser(extra, native):
-    """The first flags line decides; other lines and lookalike flags (amx_int8, avx512_vnni) do not."""
-    text = CPUINFO.format(n=0, flags=FLAGS_AVX2 + extra) + CPUINFO.format(n=1, flags=FLAGS_AVX2 + " avx512_bf16")
-    assert config.bf16_flags_in_cpuinfo(text) is native
-    assert config.bf16_flags_in_cpuinfo("model name : avx512_bf16 inside a name\n") is False  # not a flags line
+@pytest.mark.parametrize("extra, bf16, int8", [("", False, False), (" avx512f avx512_bf16", True, False),
+                                                (" amx_bf16 amx_tile", True, False), (" avx_vnni", False, True),
+                                                (" avx512f avx512_vnni amx_int8", False, True)])
+def test_cpuinfo_flags_parser(extra, bf16, int8):
+    """The first flags line decides, in torch's spelling (avx512f -> avx512_f); other lines and lookalike flags do
+    not; Arm's `Features` line counts too."""
+    other_core = CPUINFO.format(n=1, flags=FLAGS_AVX2 + " avx512_bf16 amx_int8")
+    text = CPUINFO.format(n=0, flags=FLAGS_AVX2 + extra) + other_core
+    flags = hardware.cpuinfo_flags(text)
+    assert "avx2" in flags and "sha_ni" in flags and ("avx512_f" in flags) is ("avx512f" in extra)
+    assert bool(flags & set(hardware.CPU_BF16_FLAGS)) is bf16 and bool(flags & set(hardware.CPU_INT8_FLAGS)) is int8
+    assert hardware.cpuinfo_flags("model name : avx512_bf16 inside a name\n") == frozenset()  # not a flags line
+    assert "bf16" in hardware.cpuinfo_flags("processor : 0\nFeatures : fp asimd bf16 i8mm\n")  # Arm (Graviton 3)
 
 
-def test_detection_reads_torch_capabilities_else_cpuinfo(monkeypatch, tmp_path):
-    """cpu_bf16_native asks torch.cpu.get_capabilities(); without it, /proc/cpuinfo's flags; hardware() reports it."""
-    for caps, native in (({"avx2": True, "avx512_bf16": False}, False), ({"amx_bf16": True}, True)):
-        monkeypatch.setattr(torch.cpu, "get_capabilities", lambda caps=caps: caps, raising=False)
-        config.cpu_bf16_native.cache_clear()
-        assert config.cpu_bf16_native() is native
+@pytest.fixture
+def fresh_flags():
+    """cpu_flags re-read for the test, and again afterwards, so later callers see this machine."""
+    hardware.cpu_flags.cache_clear()
+    yield
+    hardware.cpu_flags.cache_clear()
+
+
+@pytest.mark.parametrize("caps, bf16, int8", [
+    ({"avx2": True, "avx512_bf16": False, "l2_cache_size": 2048}, False, False),
+    ({"amx_bf16": True, "amx_int8": True}, True, True),
+    ({"avx512_vnni": True, "architecture": "x86_64"}, False, True)])
+def test_detection_reads_torch_capabilities(monkeypatch, fresh_flags, caps, bf16, int8):
+    """torch.cpu.get_capabilities() where torch has it: only True flags count (sizes and names do not)."""
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps, raising=False)
+    assert hardware.cpu_flags() == {k for k, v in caps.items() if v is True}
+    assert hardware.cpu_bf16_native() is bf16 and hardware.cpu_int8_native() is int8
+    assert hardware.facts()["cpu_bf16_native"] is bf16
+
+
+def test_detection_falls_back_to_cpuinfo(monkeypatch, fresh_flags, tmp_path):
+    """Without torch's reader, /proc/cpuinfo's flags; without either, nothing native (the safe answer)."""
     monkeypatch.delattr(torch.cpu, "get_capabilities", raising=False)
-    real_read = config.Path.read_text
-    fake = CPUINFO.format(n=0, flags=FLAGS_AVX2 + " avx512_bf16")
-    monkeypatch.setattr(config.Path, "read_text",
-                        lambda self, *a, **k: fake if str(self) == "/proc/cpuinfo" else real_read(self, *a, **k))
-    config.cpu_bf16_native.cache_clear()
-    try:
-        assert config.cpu_bf16_native() is True
-        assert config.hardware()["cpu_bf16_native"] is True
-    finally:
-        config.cpu_bf16_native.cache_clear()  # the next caller detects this machine again
+    (tmp_path / "cpuinfo").write_text(CPUINFO.format(n=0, flags=FLAGS_AVX2 + " avx512_bf16"))
+    monkeypatch.setattr(hardware, "CPUINFO", tmp_path / "cpuinfo")
+    assert hardware.cpu_bf16_native() is True and hardware.cpu_int8_native() is False
+    hardware.cpu_flags.cache_clear()
+    monkeypatch.setattr(hardware, "CPUINFO", tmp_path / "absent")
+    assert hardware.cpu_flags() == frozenset() and hardware.cpu_bf16_native() is False
+

@@ -1,0 +1,176 @@
+"""What this machine is (CPU, its instruction sets, GPU, library versions) and the policies that follow from it:
+precision, TF32, and how many devices a launch may ask for. Imports nothing from course_lib."""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import platform
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+CPUINFO = Path("/proc/cpuinfo")
+#: CPU instruction sets that compute bf16 natively (x86 AVX-512 bf16 dot products, AMX bf16 tiles, Arm's bf16
+#: extension); without one, CPU autocast converts bf16 to fp32 around every product and bf16-mixed runs slower
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+#: one-instruction int8 dot products (AVX-512 VNNI, AVX-VNNI, AMX int8): without them oneDNN's int8 kernels add
+#: pairs of products in 16 bits, which saturate with full-range activations
+CPU_INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+#: the instruction sets that decide this course's CPU speed, as lessons 04 and 07 list them (torch's spelling)
+CPU_FLAGS = ("avx2", "avx512_f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
+
+
+def cpuinfo_flags(text: str) -> frozenset[str]:
+    """The flags on the first `flags` (x86) or `Features` (Arm) line of /proc/cpuinfo text, in torch's spelling."""
+    line = next((ln for ln in text.splitlines() if ln.startswith(("flags", "Features"))), "")
+    # Linux writes avx512f, avx512bw, ...; torch.cpu.get_capabilities() writes avx512_f, avx512_bw, ...
+    return frozenset(f"avx512_{f[6:]}" if f.startswith("avx512") and f[6:7] != "_" else f
+                     for f in line.partition(":")[2].split())
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The one CPU-capability reader: the instruction sets this CPU has, from torch.cpu.get_capabilities() where
+    torch has it, else /proc/cpuinfo; empty where neither exists (the safe answer: nothing native)."""
+    caps = getattr(torch.cpu, "get_capabilities", None)
+    if caps is not None:
+        return frozenset(name for name, value in caps().items() if value is True)
+    try:
+        return cpuinfo_flags(CPUINFO.read_text())
+    except OSError:  # no /proc (macOS, Windows) and an older torch
+        return frozenset()
+
+
+def cpu_bf16_native() -> bool:
+    """Whether this CPU computes bf16 natively (one of CPU_BF16_FLAGS)."""
+    return bool(cpu_flags() & set(CPU_BF16_FLAGS))
+
+
+def cpu_int8_native() -> bool:
+    """Whether this CPU has one-instruction int8 dot products (one of CPU_INT8_FLAGS)."""
+    return bool(cpu_flags() & set(CPU_INT8_FLAGS))
+
+
+def facts() -> dict:
+    """What this machine is: CPU, GPU, native bf16, and library versions."""
+    import lightning
+    import torchvision
+
+    found = {
+        "cpu": _cpu_name(),
+        "cpu_cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cpu_bf16_native": cpu_bf16_native(),
+        "gpu": None,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "lightning": lightning.__version__,
+    }
+    if torch.cuda.device_count() > 0:  # asks NVML: does not initialise CUDA, so ddp_notebook can still fork
+        found.update(_gpu_info())
+    return found
+
+
+def label(info: dict | None = None) -> str:
+    """A one-line name for the hardware (facts() unless given), used under every published figure."""
+    info = info or facts()
+    if info.get("gpu"):
+        return f"{info['gpu_count']}x {info['gpu']} (CUDA {info['cuda']})"
+    return f"CPU {info['cpu']} ({info['cpu_cores']} cores)"
+
+
+@functools.lru_cache(maxsize=1)
+def _gpu_info() -> dict:
+    """GPU facts; read in a child process unless CUDA is already initialised here (forked DDP needs it untouched)."""
+    if torch.cuda.is_initialized():
+        return _gpu_info_here()
+    package_parent = str(Path(__file__).resolve().parents[1])  # the child imports this course_lib, installed or not
+    code = (f"import json, sys; sys.path.insert(0, {package_parent!r}); import course_lib.hardware as h; "
+            f"print(json.dumps(h._gpu_info_here()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _gpu_info_here() -> dict:
+    """GPU facts from this process (initialises CUDA)."""
+    props = torch.cuda.get_device_properties(0)
+    return {"gpu": props.name, "gpu_count": torch.cuda.device_count(),
+            "gpu_memory_gib": round(props.total_memory / 2**30, 1),
+            "compute_capability": f"{props.major}.{props.minor}",
+            "bf16_native": torch.cuda.is_bf16_supported(including_emulation=False), "cuda": torch.version.cuda}
+
+
+def _cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo, or platform's guess elsewhere."""
+    try:
+        for line in CPUINFO.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+PRECISIONS = ("32-true", "16-mixed", "bf16-mixed")
+
+
+def choose_precision(requested: str | None = None, info: dict | None = None) -> str:
+    """Lightning precision for this hardware: bf16-mixed where bf16 is native, else 16-mixed on a GPU, 32-true on a CPU.
+
+    Native bf16: a GPU of compute capability 8.0 or newer (info["bf16_native"]), or a CPU with one of
+    CPU_BF16_FLAGS (info["cpu_bf16_native"]; a missing fact counts as not native). An explicit request the
+    hardware lacks raises a ValueError that names the alternative; nothing falls back silently. An explicit
+    bf16-mixed on a CPU without native bf16 is honoured: it runs (emulated, usually slower than fp32), which is what
+    lesson 04 measures."""
+    info = info or facts()
+    gpu = info.get("gpu")
+    native_bf16 = info.get("bf16_native", False) if gpu else info.get("cpu_bf16_native", False)
+    if requested is None:
+        return "bf16-mixed" if native_bf16 else "16-mixed" if gpu else "32-true"
+    if requested not in PRECISIONS:
+        raise ValueError(f"Unknown precision {requested!r}; choose one of {PRECISIONS}.")
+    if requested == "bf16-mixed" and gpu and not native_bf16:
+        raise ValueError(f"{gpu} (compute capability {info.get('compute_capability')}) has no native bf16: it needs "
+                         f"compute capability 8.0 or newer. Use precision='16-mixed' (fp16 with loss scaling).")
+    if requested == "16-mixed" and not gpu:
+        raise ValueError("precision='16-mixed' (fp16 with a GradScaler) is a GPU technique and there is no CUDA GPU "
+                         "here. Use '32-true', or 'bf16-mixed' on a CPU with AVX512_BF16 or AMX, or run on a GPU.")
+    return requested
+
+
+def set_tf32(on: bool | None) -> None:
+    """TF32 for fp32 matrix products and convolutions (GPUs of compute capability >= 8.0), through one API only:
+    the per-backend fp32_precision settings where this torch has them (2.9+; mixing them with the legacy
+    allow_tf32 / set_float32_matmul_precision raises), else the legacy pair. None: PyTorch's defaults (full-fp32
+    matrix products, TF32 convolutions)."""
+    matmul, conv = ("ieee", "tf32") if on is None else ("tf32", "tf32") if on else ("ieee", "ieee")
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = matmul, conv
+    else:
+        torch.set_float32_matmul_precision("high" if matmul == "tf32" else "highest")
+        torch.backends.cudnn.allow_tf32 = conv == "tf32"
+
+
+def check_devices(accelerator, devices) -> None:
+    """Fail early, naming the remedy, when a launch asks for more GPUs than this machine has."""
+    if not isinstance(accelerator, str) or not str(devices).isdigit():
+        return  # "auto", -1, lists and Accelerator objects: Lightning resolves and checks those itself
+    want, have, acc = int(devices), torch.cuda.device_count(), accelerator.lower()
+    if (acc in ("gpu", "cuda") or (acc == "auto" and have)) and want > have:
+        use_here = (f"Pass --trainer.devices {have} to use the GPUs here" if have else
+                    "Check that the GPU driver works (nvidia-smi) and CUDA_VISIBLE_DEVICES is not empty")
+        raise ValueError(f"devices={want} asks for {want} GPU(s) per node, but this machine has {have} visible CUDA "
+                         f"GPU(s) (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}). "
+                         f"{use_here}; or spread the run over machines with --trainer.num_nodes and one launch per "
+                         f"node (torchrun or SLURM); or pass --trainer.accelerator cpu for CPU processes (gloo).")
+    if acc == "auto" and not have and want > 1:
+        raise ValueError(f"devices={want} with accelerator=auto, but there is no CUDA GPU here: auto would quietly "
+                         f"start {want} CPU processes. Pass --trainer.accelerator cpu if that is what you want.")
+    if acc == "cpu" and want > (os.cpu_count() or 1):
+        warnings.warn(f"devices={want} CPU processes on {os.cpu_count()} cores: they share the cores, so each runs "
+                      f"slower. Fine for testing the DDP code path, not for speed.", stacklevel=2)
