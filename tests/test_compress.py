@@ -113,11 +113,11 @@ def test_pruning_callback_reaches_requested_sparsity(tiny_dm, amount):
     torch.manual_seed(0)
     module = ImageClassifierModule(LeNet(num_classes=3), num_classes=3, lr=0.01, schedule="constant")
     trainer(limit_train_batches=2, callbacks=[compress.PruneAtStart(amount)]).fit(module, datamodule=tiny_dm)
-    weights = [layer.weight for layer, _ in compress.prunable(module.model)]
+    weights = [layer.weight for layer, _ in compress.prunable(module.net)]
     zeros = sum(int((w == 0).sum()) for w in weights)
     assert zeros == pytest.approx(amount * sum(w.numel() for w in weights), abs=1)
-    assert compress.sparsity(module.model) == pytest.approx(amount, abs=1e-4)
-    assert not any(name.endswith("_orig") for name, _ in module.model.named_parameters())  # pruning made permanent
+    assert compress.sparsity(module.net) == pytest.approx(amount, abs=1e-4)
+    assert not any(name.endswith("_orig") for name, _ in module.net.named_parameters())  # pruning made permanent
 
 
 def test_linear_int8_configs_stay_close():
