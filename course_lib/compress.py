@@ -214,10 +214,11 @@ def zipped_mb(path: str | Path) -> float:
 
 
 @torch.no_grad()
-def latency_ms(model, batch: int, warmup: int = 2, repeats: int = 20, shape=(3, 32, 32), device: str = "cpu") -> float:
-    """Median ms of one forward pass on a random (batch, *shape) input on `device`, after warm-up (time_calls)."""
+def latency_ms(model, batch: int, *, min_run_time: float = 0.2, shape=(3, 32, 32), device: str = "cpu") -> float:
+    """Median ms of one forward pass on a random (batch, *shape) input on `device`, over time_calls' blocks (its
+    Timer warms up first and times blocks of calls for about min_run_time seconds)."""
     x = example_input(batch, shape).to(device)
-    return 1e3 * statistics.median(time_calls(lambda: model(x), repeats, warmup, device))
+    return 1e3 * statistics.median(time_calls(lambda: model(x), min_run_time=min_run_time))
 
 
 @torch.no_grad()

@@ -159,8 +159,8 @@ def check_08_batch_augment(augment: Callable, target: float = 3.0, pad: int = 2,
         return ok
 
     def cost(fn) -> float:
-        """Seconds of fn's fastest call of 5 after a warm-up (a busy machine only ever adds time)."""
-        return min(timing.time_calls(lambda: fn(x, shifts, flips, pad), 5, warmup=1, device=device))
+        """Seconds per call of fn's fastest block of calls (a busy machine only ever adds time)."""
+        return min(timing.time_calls(lambda: fn(x, shifts, flips, pad)))
 
     return ratio_check("Exercise 2 (batch augmentation)", lambda: cost(augment), lambda: cost(per_image_augment),
                        target, repeats=3, what="time per batch", hardware=config.hardware_label())

@@ -131,11 +131,9 @@ def check_05_fusion(fn: Callable, target: float = 4.0, measure: bool = True) -> 
     ok = mechanism("Exercise 1", problems)
     if not (ok and measure):
         return ok
-    repeats = 20 if device == "cuda" else 10
-
     def cost(f) -> float:
-        """Seconds of f's fastest call of `repeats` (a busy machine only ever adds time)."""
-        return min(timing.time_calls(lambda: f(x), repeats, warmup=1, device=device))
+        """Seconds per call of f's fastest block of calls (a busy machine only ever adds time)."""
+        return min(timing.time_calls(lambda: f(x)))
 
     fast = ratio_check("Exercise 1 (fusion)", lambda: cost(compiled), lambda: cost(eager_chain), target, repeats=3,
                        what="time", hardware=config.hardware_label())
@@ -241,11 +239,10 @@ def check_07_inference(quantize: Callable, model, calibration: list, held_out, t
           f"images (needs >= {min_agreement:.0%})")
     if not measure:
         return agree >= min_agreement
-    calls = max(5, config.run_size("07_quantization").bench_steps)
-
     def cost(fn):
+        """Median seconds per call of fn on the batch of 64, over timing.time_calls' blocks."""
         with torch.no_grad():
-            return statistics.median(time_calls(lambda: fn(x64), calls, warmup=2))
+            return statistics.median(time_calls(lambda: fn(x64)))
 
     fast = ratio_check("Exercise 2", lambda: cost(served), lambda: cost(model), target, 3,
                        what="latency at batch 64", hardware=config.hardware_label())

@@ -163,14 +163,14 @@ def _02_fit(settings: Callable[[], dict], steps: int, warmup: int = 5, poison_at
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from . import bench, runs
+    from . import runs, timing
 
     if "dm" not in _02_DM:
         dm = runs.datamodule("02_lightning", kind="device", batch_size=64)  # batches made on the device: no loader
         dm.prepare_data()
         dm.setup("fit")
         _02_DM["dm"] = dm
-    kwargs, cb = settings(), bench.BenchCallback(warmup, steps)
+    kwargs, cb = settings(), timing.BenchCallback(warmup, steps)
     trainer = L.Trainer(**{"accelerator": "auto", "devices": 1, "max_epochs": None, "enable_progress_bar": False,
                            "enable_model_summary": False, "num_sanity_val_steps": 0, "limit_val_batches": 0,
                            **kwargs, "max_steps": warmup + steps, "callbacks": [*kwargs.get("callbacks", []), cb]})

@@ -10,10 +10,10 @@ from typing import Callable
 import lightning as L
 import torch
 
-from . import bench, config, speedrun
+from . import config, flops, speedrun
 from .models import AirNet
 from .ondevice import SpeedrunDataModule
-from .timing import DeviceTimer
+from .timing import DeviceTimer, EpochTimer
 from .verdict import mean_diff, mean_ratio, spread  # noqa: F401  (their home is verdict; scripts call them here)
 
 
@@ -24,7 +24,7 @@ def run_seed(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, seed: int,
     Fractional epochs (speedrun.EPOCHS) train ceil(epochs x batches per epoch) steps."""
     speedrun.fresh_weights(module, seed)  # in place: the compiled graphs stay valid
     dm.shuffle_seed, module.whiten_images = seed, dm.train_set.images
-    timer, clock = bench.EpochTimer(), DeviceTimer(dm.train_set.images.device)
+    timer, clock = EpochTimer(), DeviceTimer(dm.train_set.images.device)
     trainer = speedrun.make_trainer(epochs, precision, steps_per_epoch=len(dm.train_dataloader()), callbacks=[timer])
     start = clock.mark()
     trainer.fit(module, datamodule=dm)
@@ -87,12 +87,12 @@ def compare_twin(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, run: d
 def flop_summary(widths: tuple[int, int, int], batch: int, steps: int, epoch_s: float,
                  info: dict | None = None) -> dict:
     """FLOPs of one training epoch, the rate achieved in `epoch_s`, and its fraction of the device's listed peak."""
-    flops = bench.train_step_flops(AirNet(widths), batch) * steps
+    step_flops = flops.train_step_flops(AirNet(widths), batch) * steps
     precision = "fp16" if config.choose_precision(info=info) == "16-mixed" else "bf16"  # what the policy trains in
-    rate = bench.achieved(flops, epoch_s, info, precision)
+    rate = flops.achieved(step_flops, epoch_s, info, precision)
     peak = (f"{rate['fraction_of_peak']:.1%} of the {rate['peak_text']}" if rate["peak_tflops"] else rate["peak_text"])
-    text = f"{flops / 1e12:.3g} TFLOP per epoch in {epoch_s:.3g} s: {rate['tflops']:.3g} TFLOP/s, {peak}"
-    return {"tflop_per_epoch": flops / 1e12, **rate, "text": text}
+    text = f"{step_flops / 1e12:.3g} TFLOP per epoch in {epoch_s:.3g} s: {rate['tflops']:.3g} TFLOP/s, {peak}"
+    return {"tflop_per_epoch": step_flops / 1e12, **rate, "text": text}
 
 
 def write_report(path: str | Path, title: str, lines: list[str], info: dict | None = None) -> Path:

@@ -16,6 +16,7 @@ import textwrap
 import time
 import traceback
 import types
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,9 +28,10 @@ from .models import build_model
 
 
 def toy_data(steps: int, batch: int, model: str = "toy", seed: int = 0):
-    """Fixed random batches: (steps, batch, 32) or (steps, batch, 3, 32, 32) inputs, (steps, batch) labels."""
+    """Fixed random batches: (steps, batch, 32) inputs for the MLPs ("toy", "deep") or (steps, batch, 3, 32, 32)
+    for a course backbone; (steps, batch) labels."""
     g = torch.Generator().manual_seed(seed)
-    shape, classes = ((32,), 4) if model == "toy" else ((3, 32, 32), 10)
+    shape, classes = ((32,), 4) if model in ("toy", "deep") else ((3, 32, 32), 10)
     return torch.randn(steps, batch, *shape, generator=g), torch.randint(0, classes, (steps, batch), generator=g)
 
 
@@ -49,16 +51,38 @@ def train_steps(model: nn.Module, xs: torch.Tensor, ys: torch.Tensor, lr: float 
     return model
 
 
-def _ddp_worker(rank, world, store, steps, batch, model, seed, out, bucket_cap_mb):
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))  # the processes share the cores
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+@dataclass(frozen=True)
+class Job:
+    """What each spawned gloo worker trains: `world` processes meeting at the file `store`, toy_data(steps, batch,
+    model, seed) split across them, rank 0's result saved to `out`."""
+
+    world: int
+    store: str
+    out: Path
+    steps: int
+    batch: int
+    model: str
+    seed: int
+
+    def join(self, rank: int, threads: int) -> None:
+        """Join the gloo process group as `rank`, on `threads` threads (the processes share the cores)."""
+        torch.set_num_threads(threads)
+        dist.init_process_group("gloo", init_method=f"file://{self.store}", rank=rank, world_size=self.world)
+
+    def share(self, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's slice of every batch: (steps, batch / world, ...) inputs and labels."""
+        xs, ys = toy_data(self.steps, self.batch, self.model, self.seed)
+        part = slice(rank * self.batch // self.world, (rank + 1) * self.batch // self.world)
+        return xs[:, part], ys[:, part]
+
+
+def _ddp_worker(rank: int, job: Job, bucket_cap_mb: float) -> None:
+    job.join(rank, max(1, (os.cpu_count() or 1) // job.world))
     try:
-        net = nn.parallel.DistributedDataParallel(toy_model(model, seed), bucket_cap_mb=bucket_cap_mb)
-        xs, ys = toy_data(steps, batch, model, seed)
-        part = slice(rank * batch // world, (rank + 1) * batch // world)  # this rank's share of every batch
-        train_steps(net, xs[:, part], ys[:, part])
+        net = nn.parallel.DistributedDataParallel(toy_model(job.model, job.seed), bucket_cap_mb=bucket_cap_mb)
+        train_steps(net, *job.share(rank))
         if rank == 0:
-            torch.save({"state": net.module.state_dict(), "ddp": net._get_ddp_logging_data()}, out)
+            torch.save({"state": net.module.state_dict(), "ddp": net._get_ddp_logging_data()}, job.out)
     finally:
         dist.destroy_process_group()
 
@@ -70,10 +94,10 @@ def ddp_train(world: int = 2, steps: int = 5, batch: int = 16, model: str = "toy
     The workers are spawned (fresh interpreters running this module's _ddp_worker): safe whatever ran before here,
     a backward on a GPU machine included."""
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "rank0.pt"
-        mp.start_processes(_ddp_worker, nprocs=world, start_method="spawn", join=True,
-                           args=(world, f"{tmp}/store", steps, batch, model, seed, out, bucket_cap_mb))
-        return torch.load(out, weights_only=True)
+        job = Job(world=world, store=f"{tmp}/store", out=Path(tmp) / "rank0.pt", steps=steps, batch=batch,
+                  model=model, seed=seed)
+        mp.start_processes(_ddp_worker, nprocs=world, start_method="spawn", join=True, args=(job, bucket_cap_mb))
+        return torch.load(job.out, weights_only=True)
 
 
 def deep_mlp(depth: int = 24, width: int = 32, seed: int = 0) -> nn.Module:
@@ -120,10 +144,9 @@ def portable(fn):
     return fn if fn.__module__.split(".")[0] == __name__.split(".")[0] else _Source(fn)
 
 
-def _allreduce_worker(rank, world, store, averages, steps, batch, model, seed, rounds, out):
-    torch.set_num_threads(1)  # the processes share the cores
+def _allreduce_worker(rank: int, job: Job, averages: dict, rounds: int) -> None:
     averages = {name: f.load() if isinstance(f, _Source) else f for name, f in averages.items()}
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    job.join(rank, 1)
     calls, real = [0], dist.all_reduce
 
     def counted(*args, **kwargs):
@@ -132,14 +155,13 @@ def _allreduce_worker(rank, world, store, averages, steps, batch, model, seed, r
 
     dist.all_reduce = counted  # this spawned process only: it exits after training
     try:
-        xs, ys = toy_data(steps, batch, seed=seed)
-        part = slice(rank * batch // world, (rank + 1) * batch // world)  # this rank's share of every batch
+        model, seed, world = job.model, job.seed, job.world
         result = {"comm_s": {name: [] for name in averages}, "calls_per_step": {}, "state": {}}
         for _ in range(rounds):  # the averaging functions alternate, so a slow spell hits each alike
             for name, average in averages.items():
                 net = deep_mlp(seed=seed) if model == "deep" else toy_model(model, seed)
                 opt, comm, calls[0] = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9), 0.0, 0
-                for x, y in zip(xs[:, part], ys[:, part]):
+                for x, y in zip(*job.share(rank)):
                     opt.zero_grad(set_to_none=True)
                     nn.functional.cross_entropy(net(x), y).backward()
                     dist.barrier()  # both ranks start the averaging together: the time is communication
@@ -148,10 +170,10 @@ def _allreduce_worker(rank, world, store, averages, steps, batch, model, seed, r
                     comm += time.perf_counter() - start
                     opt.step()
                 result["comm_s"][name].append(comm)
-                result["calls_per_step"][name] = calls[0] / steps
+                result["calls_per_step"][name] = calls[0] / job.steps
                 result["state"][name] = net.state_dict()
         if rank == 0:
-            torch.save(result, out)
+            torch.save(result, job.out)
     finally:
         dist.all_reduce = real
         dist.destroy_process_group()
@@ -165,11 +187,12 @@ def allreduce_train(averages: dict, world: int = 2, steps: int = 5, batch: int =
     Workers are spawned as in ddp_train; a function defined in a notebook travels as its source (`portable`), so it
     may use modules (torch, dist, nn) but no other notebook globals."""
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "rank0.pt"
+        job = Job(world=world, store=f"{tmp}/store", out=Path(tmp) / "rank0.pt", steps=steps, batch=batch,
+                  model=model, seed=seed)
         shipped = {name: portable(fn) for name, fn in averages.items()}
         mp.start_processes(_allreduce_worker, nprocs=world, start_method="spawn", join=True,
-                           args=(world, f"{tmp}/store", shipped, steps, batch, model, seed, rounds, out))
-        return torch.load(out, weights_only=True)
+                           args=(job, shipped, rounds))
+        return torch.load(job.out, weights_only=True)
 
 
 def autograd_device_threads() -> list[str]:

@@ -1,5 +1,6 @@
-"""Lesson 06's throughput on N devices: a rank-0 bench callback, in-process launches (ddp_notebook), the script
-path `python -m course_lib.scaling --devices N --out row.json` (strategy ddp, fresh processes)."""
+"""Lesson 06's throughput on N devices through bench.bench: a rank-0 bench callback, in-process launches
+(ddp_notebook), the script path `python -m course_lib.scaling --devices N --out row.json` (strategy ddp, fresh
+processes)."""
 from __future__ import annotations
 
 import argparse
@@ -12,38 +13,37 @@ from pathlib import Path
 import torch
 from lightning.fabric.accelerators.cuda import num_cuda_devices
 
-from . import config, runs
-from .bench import BenchCallback
+from . import bench, config, hardware, runs
 from .modules import ImageClassifierModule
+from .timing import BenchCallback
 
 
 class DDPBenchCallback(BenchCallback):
-    """BenchCallback whose rank 0 writes the all-process result to a JSON file (forked workers return no objects)."""
+    """BenchCallback whose rank 0 writes the all-process row to a JSON file, which summary reads back in the process
+    that launched the fit (forked workers return no objects); None where rank 0 wrote none (other ranks)."""
 
     def __init__(self, warmup: int, steps: int, out: str | Path):
         super().__init__(warmup, steps)
         self.out = Path(out)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        if not trainer.is_global_zero:
-            return
-        row, world = self.summary(pl_module.device), trainer.world_size
-        # all ranks step in lock-step (the all-reduce waits for the slowest), so the total is rank 0's rate x world
-        self.out.write_text(json.dumps({**row, "images_per_s": row["images_per_s"] * world,
-                                        "batch_size": row["batch_size"] * world, "processes": world}))
+        if trainer.is_global_zero:  # BenchCallback's figures already count every process (rate x world)
+            self.out.write_text(json.dumps(super().summary(pl_module.device)))
+
+    def summary(self, device: torch.device) -> dict | None:
+        """The row rank 0 wrote, or None."""
+        return json.loads(self.out.read_text()) if self.out.exists() else None
 
 
-def measure(make, devices: int, accelerator: str = "cpu", strategy: str = "auto", warmup: int = 3, steps: int = 10,
-            precision: str = "32-true", name: str | None = None) -> dict | None:
-    """Train `make()` -> (module, datamodule) on `devices` processes; the result row on rank 0, None elsewhere."""
+def measure(make, *, devices: int, accelerator: str = "cpu", strategy: str = "auto", warmup: int = 3,
+            steps: int = 10, precision: str = "32-true", name: str | None = None) -> dict | None:
+    """Train `make()` -> (module, datamodule) on `devices` processes with bench.bench; the result row on rank 0,
+    None elsewhere."""
     module, dm = make()
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "row.json"
-        runs.trainer(None, precision, timing=True, max_epochs=None, max_steps=warmup + steps,
-                     accelerator=accelerator, devices=devices, strategy=strategy,
-                     callbacks=[DDPBenchCallback(warmup, steps, out)]).fit(module, datamodule=dm)
-        row = json.loads(out.read_text()) if out.exists() else None
-    return row and {"name": name or f"{devices} x {accelerator}", **row, "precision": precision}
+        return bench.bench(module, dm, name or f"{devices} x {accelerator}", steps=steps, warmup=warmup,
+                           precision=precision, accelerator=accelerator, devices=devices, strategy=strategy,
+                           callback=DDPBenchCallback(warmup, steps, Path(tmp) / "row.json"))
 
 
 def measure_script(devices: int, out: str | Path, timeout: float = 900, **opts) -> dict:
@@ -65,13 +65,14 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument(f"--{flag}", type=kind, default=default)
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
-    config.check_devices(a.accelerator, a.devices)
+    hardware.check_devices(a.accelerator, a.devices)
     if a.threads:  # one process's threads (with several, Lightning gives each CPU process cores / processes)
         torch.set_num_threads(a.threads)
     make = lambda: (ImageClassifierModule(a.model), runs.datamodule(  # noqa: E731  (per-process batch size)
-        a.lesson, image_folder=a.data or config.data_source(), batch_size=a.batch,
+        a.lesson, image_folder=config.data_source(a.data), batch_size=a.batch,
         num_workers=a.workers, persistent_workers=a.workers > 0, pin_memory=a.accelerator != "cpu"))
-    row = measure(make, a.devices, a.accelerator, "ddp" if a.devices > 1 else "auto", a.warmup, a.steps, a.precision)
+    row = measure(make, devices=a.devices, accelerator=a.accelerator, strategy="ddp" if a.devices > 1 else "auto",
+                  warmup=a.warmup, steps=a.steps, precision=a.precision)
     if row:
         Path(a.out).write_text(json.dumps(row))
 

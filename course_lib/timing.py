@@ -1,10 +1,17 @@
-"""Timing on any device: CUDA events with one synchronize per measured window on a GPU, a host clock elsewhere."""
+"""Timing on any device: DeviceTimer marks (CUDA events, one synchronize per measured window on a GPU, a host clock
+elsewhere), the training callbacks built on them (BenchCallback, EpochTimer), and micro-timing of single calls through
+torch.utils.benchmark.Timer (time_calls)."""
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Callable
 
+import lightning as L
+import psutil
 import torch
+from lightning.fabric.utilities.throughput import Throughput
+from torch.utils import benchmark
 
 
 def sync(device: torch.device | str) -> None:
@@ -43,14 +50,122 @@ class DeviceTimer:
         return start.elapsed_time(end) / 1e3  # elapsed_time is in ms
 
 
-def time_calls(fn: Callable[[], object], repeats: int, warmup: int = 0, device: torch.device | str = "cpu",
-               clock: Callable[[], float] = time.perf_counter) -> list[float]:
-    """Seconds taken by each of `repeats` calls of `fn()` after `warmup` untimed ones; one synchronize in all."""
-    for _ in range(warmup):
-        fn()
-    timer = DeviceTimer(device, clock)
-    marks = [timer.mark()]
-    for _ in range(repeats):
-        fn()
-        marks.append(timer.mark())  # one mark ends a call and starts the next
-    return [timer.seconds(a, b) for a, b in zip(marks, marks[1:])]
+class BenchCallback(L.Callback):
+    """Times each training step, the gap before it (waiting for data) and the warm-up, and tracks peak memory.
+
+    Marks are taken with DeviceTimer (CUDA events on a GPU) and turned into seconds on first reading step_s,
+    wait_s, warmup_s or throughput after training: one synchronize per run instead of two per step. On a GPU the
+    times are on the GPU's timeline: a gap counts only where the GPU sat idle, not while the host ran ahead."""
+
+    def __init__(self, warmup: int, steps: int, clock: Callable[[], float] = time.perf_counter):
+        if steps < 2:
+            raise ValueError(f"A benchmark needs at least 2 timed steps, got {steps}.")
+        self.warmup, self.steps, self.clock = warmup, steps, clock
+        self.timer = DeviceTimer("cpu", clock)
+        self.peak_rss, self.world, self._process = 0, 1, None  # _process: this process's psutil handle (CPU)
+        self._begin, self._marks = None, []  # per batch: (global_step, previous end, start, end, images)
+        self._read = None  # (number of marks, figures) from the last reading
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.timer, self.world = DeviceTimer(pl_module.device, self.clock), trainer.world_size
+        self._marks, self._read = [], None
+        self._begin = self._prev_end = self.timer.mark()
+        # one psutil handle per run, made in the training process (a forked DDP worker's RSS is its own), instead of
+        # a new Process object per step: a step then costs one read of /proc, in the gap counted as data wait
+        self._process = psutil.Process() if pl_module.device.type == "cpu" else None
+        if pl_module.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(pl_module.device)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        self._start = self.timer.mark()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        end = self.timer.mark()
+        step = trainer.global_step  # already counts this step
+        self._marks.append((step, self._prev_end, self._start, end, len(batch[1])))
+        self._prev_end = end
+        if step > self.warmup:
+            self.batch_size = len(batch[1])
+        if self._process is not None:  # the CPU's memory figure; a GPU's comes from its allocator, no polling
+            self.peak_rss = max(self.peak_rss, self._process.memory_info().rss)
+
+    def _figures(self) -> dict:
+        """Step and wait seconds, warm-up seconds and Lightning's Throughput, from the marks (synchronizes once)."""
+        if self._read and self._read[0] == len(self._marks):
+            return self._read[1]
+        sec, t0 = self.timer.seconds, self._begin
+        fig = {"step_s": [], "wait_s": [], "warmup_s": 0.0, "throughput": Throughput(window_size=self.steps)}
+        samples = 0
+        for step, prev_end, start, end, images in self._marks:
+            if step == self.warmup:  # compilation, allocation and autotuning end up here
+                fig["warmup_s"], t0 = sec(self._begin, end), end
+            elif step > self.warmup:
+                fig["step_s"].append(sec(start, end))
+                fig["wait_s"].append(sec(prev_end, start))  # gap between the last step's end and this start
+                samples += images
+                fig["throughput"].update(time=sec(t0, end), batches=len(fig["step_s"]), samples=samples)
+        self._read = (len(self._marks), fig)
+        return fig
+
+    def summary(self, device: torch.device) -> dict:
+        """The timed steps' figures of a result row (see bench.FIELDS) on `device`: images/s, median step, peak memory
+        (CUDA's allocator on a GPU, the process's RSS elsewhere), data-wait fraction, warm-up, steps, batch, and the
+        processes; a clear error if fewer than `steps` steps were timed."""
+        step_s, wait_s = self.step_s, self.wait_s
+        if len(step_s) < self.steps:
+            raise ValueError(f"The benchmark ran only {len(step_s)} timed steps of {self.steps}: the training set is "
+                             f"too small for warm-up + steps; use a larger subset or fewer steps.")
+        peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else self.peak_rss
+        # all ranks step in lock-step (the all-reduce waits for the slowest): the total is this rank's rate x world
+        return {"images_per_s": self.throughput.compute()["device/samples_per_sec"] * self.world,
+                "step_ms": 1e3 * statistics.median(step_s), "peak_mem_mb": peak / 2**20,
+                "data_wait": sum(wait_s) / (sum(wait_s) + sum(step_s)), "warmup_s": self.warmup_s,
+                "steps": len(step_s), "batch_size": self.batch_size * self.world, "processes": self.world,
+                "device": device.type}
+
+    step_s = property(lambda self: self._figures()["step_s"], doc="Seconds per timed step.")
+    wait_s = property(lambda self: self._figures()["wait_s"], doc="Seconds before each timed step (data wait).")
+    warmup_s = property(lambda self: self._figures()["warmup_s"], doc="Seconds from train start to warm-up end.")
+    throughput = property(lambda self: self._figures()["throughput"], doc="Lightning's images/s over timed steps.")
+
+
+class EpochTimer(L.Callback):
+    """Seconds of each training epoch, validation excluded: DeviceTimer marks, read with one synchronize after fit."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self.clock, self._epochs = clock, []  # per epoch: [start, end, [(validation start, end), ...]]
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.timer, self._epochs = DeviceTimer(pl_module.device, self.clock), []
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._epochs.append([self.timer.mark(), None, []])
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking and self._epochs:  # inside fit: not training
+            self._epochs[-1][2].append([self.timer.mark(), None])
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking and self._epochs:
+            self._epochs[-1][2][-1][1] = self.timer.mark()
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self._epochs[-1][1] = self.timer.mark()
+
+    @property
+    def seconds(self) -> list[float]:
+        """Training seconds per finished epoch."""
+        sec = getattr(self, "timer", None) and self.timer.seconds
+        return [sec(start, end) - sum(sec(a, b) for a, b in vals) for start, end, vals in self._epochs
+                if end is not None]
+
+
+def time_calls(fn: Callable[[], object], *, min_run_time: float = 0.2,
+               clock: Callable[[], float] = benchmark.timer) -> list[float]:
+    """Seconds per call of fn(), one figure per block of calls, from torch.utils.benchmark.Timer.blocked_autorange.
+
+    The Timer warms up while it picks the block size (calls per reading), then times blocks until `min_run_time`
+    seconds are spent; its default clock synchronizes the GPU before each reading. It runs fn on this process's
+    thread count (Timer's own default is one thread)."""
+    timer = benchmark.Timer("fn()", globals={"fn": fn}, timer=clock, num_threads=torch.get_num_threads())
+    return list(timer.blocked_autorange(min_run_time=min_run_time).times)

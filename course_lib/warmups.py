@@ -32,7 +32,8 @@ def steps_per_epoch(name: str, answer, dm):
 
 
 def matmul_seconds(name: str, answer, device: str, n: int = 4096):
-    """Seconds of one fp32 n x n matmul on `device`, measured now (median of 3 after a warm-up); within 50 %."""
+    """Seconds of one fp32 n x n matmul on `device`, measured now (median over timing.time_calls' blocks); within
+    50 %."""
     def measure():
         import statistics
 
@@ -41,7 +42,7 @@ def matmul_seconds(name: str, answer, device: str, n: int = 4096):
         from . import timing
 
         a = torch.randn(n, n, device=device)
-        return statistics.median(timing.time_calls(lambda: a @ a, repeats=3, warmup=1, device=device))
+        return statistics.median(timing.time_calls(lambda: a @ a, min_run_time=0.5))
     return _ask(name, answer, measure, 0.5)
 
 

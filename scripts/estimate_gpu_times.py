@@ -1,7 +1,7 @@
 """Estimate each lesson's full-size wall time on a T4 and an H100 from its FLOPs, bytes and data-sheet peaks.
 
 Not a measurement: it counts what each notebook's code does at the GPU run size (FLOPs on the meta device, bytes
-that cross the host link, eager kernels per step), divides by bench.GPU_PEAKS and the link's bandwidth, and adds
+that cross the host link, eager kernels per step), divides by flops.GPU_PEAKS and the link's bandwidth, and adds
 fixed costs read from the committed CPU run. Every assumption is a named constant below with its reason.
 
     .venv/bin/python scripts/estimate_gpu_times.py            # print the per-lesson arithmetic
@@ -27,14 +27,14 @@ from torch.utils.flop_counter import FlopCounterMode
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from course_lib import bench, config, models  # noqa: E402
+from course_lib import config, flops, models  # noqa: E402
 
 LESSONS = ("00_setup", "01_pytorch_baseline", "02_lightning", "03_gpu_and_data", "04_mixed_precision",
            "05_compile_and_tuning", "06_ddp", "07_quantization", "08_capstone")
 IMAGE_FLOATS = 3 * 32 * 32  # one CIFAR-10 image, (3, 32, 32)
 SPLIT_IMAGES = 50_000  # CIFAR-10's training JPEGs; lessons 01-07 carve 10 % validation and 10 % test from them
 
-# --- the two GPUs: names as torch.cuda.get_device_name() gives them, so bench.gpu_peaks finds their rows ---------
+# --- the two GPUs: names as torch.cuda.get_device_name() gives them, so flops.gpu_peaks finds their rows ---------
 # host link: T4 is a PCIe 3.0 x16 card, the H100 SXM's host link is PCIe 5.0 x16 (NVIDIA's data sheets); x16
 # bandwidth per direction: 15.7 GB/s (3.0) and 63.0 GB/s (5.0), https://hpc-notes.pages.dev/reference/pcie
 GPUS = {
@@ -130,7 +130,7 @@ def per_image(net: str, width, train: bool) -> tuple[float, int]:
     """(FLOPs per image, eager ops per step) of one step: forward+backward when train, forward alone otherwise."""
     batch = 2  # FLOPs grow linearly with the batch; 2 keeps BatchNorm's training statistics defined
     if train:
-        flops = bench.train_step_flops(NETS[net](width), batch)
+        total = flops.train_step_flops(NETS[net](width), batch)
     meta = copy.deepcopy(NETS[net](width)).to("meta").train(train)
     x = torch.zeros(batch, 3, 32, 32, device="meta")
     y = torch.zeros(batch, dtype=torch.long, device="meta")
@@ -140,8 +140,8 @@ def per_image(net: str, width, train: bool) -> tuple[float, int]:
         else:
             with torch.no_grad(), FlopCounterMode(display=False) as counter:
                 meta(x)
-            flops = counter.get_total_flops()
-    return flops / batch, ops.n
+            total = counter.get_total_flops()
+    return total / batch, ops.n
 
 
 class Estimator:
@@ -150,7 +150,7 @@ class Estimator:
     def __init__(self, gpu: str):
         spec = GPUS[gpu]
         self.gpu, self.spec = gpu, spec
-        part, self.peaks, self.source = bench.gpu_peaks(spec["device_name"])
+        part, self.peaks, self.source = flops.gpu_peaks(spec["device_name"])
         self.part = part
         info = {"gpu": spec["device_name"], "bf16_native": spec["bf16_native"]}
         self.mixed = {"bf16-mixed": "bf16", "16-mixed": "fp16"}[config.choose_precision(info=info)]
@@ -397,7 +397,7 @@ def report(result: dict) -> str:
         "`LESSON_SCALES`' GPU rows), the script lists what the notebook's code cells run: which model, batch, steps,",
         "repeats and precision, and which parts stay on the host CPU. For each training or evaluation phase:",
         "",
-        "- FLOPs per image: `bench.train_step_flops` (forward + backward, FlopCounterMode on the meta device) or a",
+        "- FLOPs per image: `flops.train_step_flops` (forward + backward, measure_flops on the meta device) or a",
         "  forward pass under FlopCounterMode; eager aten ops per step counted with a TorchDispatchMode on meta.",
         "- step time = max(FLOPs per step / (peak x utilisation), ops per step x launch cost) + the Trainer's",
         "  per-step cost (Lightning phases only) + batch bytes / host-link bandwidth (loader phases only).",
@@ -408,7 +408,7 @@ def report(result: dict) -> str:
         "fixed costs from the committed notebook outputs and the README's CPU column, so rerun it with `--write`",
         "after `make lessons`; `tests/test_gpu_estimates.py` fails when the README's columns differ from its output.",
         "",
-        "Peaks (dense, `bench.GPU_PEAKS`), each at the course's precision policy (`config.choose_precision`):",
+        "Peaks (dense, `flops.GPU_PEAKS`), each at the course's precision policy (`config.choose_precision`):",
         "",
     ]
     for g, est in e.items():

@@ -2,7 +2,7 @@
 'no peak known' for anything else (a sparse figure, or a near-miss name such as the H100 NVL, would bias MFU)."""
 import pytest
 
-from course_lib import bench
+from course_lib import flops
 
 # torch.cuda.get_device_name() as those GPUs report it -> (part, fp32, tf32, fp16, bf16, fp8); None: not in the table
 NAMES = {
@@ -24,26 +24,26 @@ NAMES = {
 @pytest.mark.parametrize("name", NAMES)
 def test_peak_lookup_on_real_device_names(name):
     want = NAMES[name]
-    found = bench.gpu_peaks(name)
+    found = flops.gpu_peaks(name)
     if want is None:
         assert found is None
-        assert bench.peak_tflops({"gpu": name}) is None
-        assert bench.peak_text({"gpu": name}).startswith(f"no bf16 peak known for {name}")
+        assert flops.peak_tflops({"gpu": name}) is None
+        assert flops.peak_text({"gpu": name}).startswith(f"no bf16 peak known for {name}")
         return
     part, *values = want
     assert found[0] == part and found[2].startswith("https://")
     for precision, value in zip(("fp32", "tf32", "fp16", "bf16", "fp8"), values):
-        assert bench.peak_tflops({"gpu": name}, precision) == value
+        assert flops.peak_tflops({"gpu": name}, precision) == value
 
 
 def test_every_row_is_dense_sourced_and_ordered_sensibly():
     """Each row has a source link and fp32 below its tensor-core figures (a sparse figure would break fp8 = 2 x
     fp16 where both are listed); a CPU gets the clear message, and MFU uses the precision's own peak."""
-    for _, part, peaks, source in bench.GPU_PEAKS:
+    for _, part, peaks, source in flops.GPU_PEAKS:
         assert "https://" in source, part
         assert all(peaks["fp32"] <= v for v in peaks.values()), part
         if "fp8" in peaks and "fp16" in peaks:
             assert peaks["fp8"] == pytest.approx(2 * peaks["fp16"], rel=0.01), part
-    assert bench.peak_text({"gpu": None}).startswith("no bf16 peak known for this CPU")
-    t4 = bench.achieved(6.513e12, 1.0, {"gpu": "Tesla T4"}, "fp16")
+    assert flops.peak_text({"gpu": None}).startswith("no bf16 peak known for this CPU")
+    t4 = flops.achieved(6.513e12, 1.0, {"gpu": "Tesla T4"}, "fp16")
     assert t4["fraction_of_peak"] == pytest.approx(0.1) and "T4" in t4["peak_text"]

@@ -15,8 +15,7 @@ import lightning as L
 import pytest
 import torch
 
-from course_lib import bench, config, runs, speedrun
-from course_lib.bench import EpochTimer
+from course_lib import bench, config, runs, speedrun, timing
 from course_lib.data import load_image_folder
 from course_lib.loops import train_plain
 from course_lib.models import AirNet, LeNet, SimpleCNN
@@ -113,7 +112,7 @@ def test_lesson_02_plain_loop_and_the_trainer_make_no_host_sync_per_step(tiny_fo
         train_plain(LeNet(), loader(steps), 1, lr=0.05)
 
     def lightning(steps):
-        L.Trainer(accelerator="cpu", devices=1, max_epochs=1, callbacks=[EpochTimer()], **runs.TIMING).fit(
+        L.Trainer(accelerator="cpu", devices=1, max_epochs=1, callbacks=[timing.EpochTimer()], **runs.TIMING).fit(
             ImageClassifierModule("lenet", lr=0.05), train_dataloaders=loader(steps))
 
     counted = {side: per_step(run) for side, run in (("plain loop", plain), ("ImageClassifierModule", lightning))}
@@ -170,7 +169,7 @@ def test_lightning_and_the_twin_make_no_host_sync_per_step(real):
     def lightning(steps):
         batches = speedrun_batches(real, steps)
         module = SpeedrunModule(**vars(recipe), whiten_images=batches.images)
-        speedrun.make_trainer(1, "32-true", callbacks=[bench.BenchCallback(1, 2)]).fit(module,
+        speedrun.make_trainer(1, "32-true", callbacks=[timing.BenchCallback(1, 2)]).fit(module,
                                                                                      train_dataloaders=batches)
 
     def twin(steps):

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from course_lib import bench, config, timing
+from course_lib import bench, scaling, timing
 from course_lib.data import CIFAR10DataModule
 from course_lib.modules import ImageClassifierModule
 from course_lib.ondevice import DeviceCIFAR10DataModule
@@ -45,6 +45,14 @@ def test_bench_arithmetic_on_a_fake_clock(dm_kwargs):
     assert row["data_wait"] == pytest.approx(0.5)
 
 
+def test_scaling_measures_through_the_bench_harness(dm_kwargs):
+    """scaling.measure (lesson 06) is bench.bench with DDPBenchCallback: one process gives a full row named for it."""
+    row = scaling.measure(lambda: (ImageClassifierModule("simple_cnn"), CIFAR10DataModule(**dm_kwargs)), devices=1,
+                          steps=3, warmup=1)
+    assert set(bench.FIELDS) <= set(row) and row["name"] == "1 x cpu"
+    assert row["processes"] == 1 and row["batch_size"] == 8 and row["steps"] == 3
+
+
 def test_speedups_are_ratios_to_the_baseline():
     """speedup = images/s over the baseline's images/s; an unknown baseline is an error."""
     rows = [{"name": "a", "images_per_s": 100.0}, {"name": "b", "images_per_s": 250.0}]
@@ -52,17 +60,6 @@ def test_speedups_are_ratios_to_the_baseline():
     assert [r["speedup"] for r in out] == [1.0, 2.5]
     with pytest.raises(ValueError, match="No row named"):
         bench.add_speedups(rows, "c")
-
-
-def test_results_round_trip(tmp_path, monkeypatch):
-    """save_results writes rows with hardware and versions; load_results reads the same rows back."""
-    monkeypatch.setenv("COURSE_BUILD", str(tmp_path))
-    rows = [{"name": "x", "images_per_s": 123.5, "step_ms": 4.0, "batch_size": 8, "precision": "32-true"}]
-    path = bench.save_results(rows, "99_test", tmp_path / "r.json")
-    data = bench.load_results(path)
-    assert data["rows"] == rows and data["lesson"] == "99_test"
-    assert data["hardware"]["torch"] == torch.__version__
-    assert config.load_results("99_test")[0]["value"] == 123.5
 
 
 def test_too_few_steps_is_a_clear_error(dm_kwargs):
@@ -122,10 +119,12 @@ def fake_cuda(monkeypatch):
     return syncs
 
 
-def run_callback_window(warmup: int, steps: int) -> bench.BenchCallback:
-    """Drive BenchCallback's hooks as Lightning does, for `warmup + steps` steps of 8 images on a 'cuda' module."""
-    cb = bench.BenchCallback(warmup, steps)
-    trainer, module = SimpleNamespace(global_step=0), SimpleNamespace(device=torch.device("cuda", 0))
+def run_callback_window(warmup: int, steps: int, cb: timing.BenchCallback | None = None, device: str = "cuda",
+                        world: int = 1) -> timing.BenchCallback:
+    """Drive BenchCallback's hooks as Lightning does, for `warmup + steps` steps of 8 images per process."""
+    cb = cb or timing.BenchCallback(warmup, steps)
+    trainer = SimpleNamespace(global_step=0, world_size=world)
+    module = SimpleNamespace(device=torch.device(device, 0) if device == "cuda" else torch.device(device))
     batch = (torch.zeros(8, 3, 2, 2), torch.zeros(8, dtype=torch.long))
     cb.on_train_start(trainer, module)
     for i in range(warmup + steps):
@@ -152,7 +151,7 @@ def test_gpu_bench_syncs_once_per_window_not_per_step(fake_cuda, steps):
 @pytest.mark.parametrize("epochs", [3, 30])
 def test_epoch_timer_syncs_once_per_fit_and_leaves_validation_out(fake_cuda, epochs):
     """EpochTimer marks events at the epoch and validation edges; reading seconds synchronizes once."""
-    cb = bench.EpochTimer()
+    cb = timing.EpochTimer()
     trainer = SimpleNamespace(state=SimpleNamespace(fn="fit"), sanity_checking=False)
     module = SimpleNamespace(device=torch.device("cuda", 0))
     cb.on_train_start(trainer, module)
@@ -166,28 +165,73 @@ def test_epoch_timer_syncs_once_per_fit_and_leaves_validation_out(fake_cuda, epo
     assert len(fake_cuda) == 1
 
 
-@pytest.mark.parametrize("repeats", [3, 30])
-def test_time_calls_syncs_once_on_gpu(fake_cuda, repeats):
-    """timing.time_calls (behind compress.latency_ms) times repeats with events and one synchronize."""
-    calls = []
-    seconds = timing.time_calls(lambda: calls.append(1), repeats, warmup=2, device="cuda")
-    assert len(calls) == repeats + 2 and seconds == pytest.approx([1e-3] * repeats)
-    assert len(fake_cuda) == 1
+def test_bench_rows_count_every_process():
+    """With `world` processes in lock-step, the row's images/s and batch are rank 0's times world (known clock)."""
+    rows = {world: run_callback_window(1, 4, timing.BenchCallback(1, 4, FakeClock(1.0)), "cpu", world).summary(
+        torch.device("cpu")) for world in (1, 2)}
+    assert rows[1]["images_per_s"] == pytest.approx(8 / 2.0) and rows[2]["images_per_s"] == pytest.approx(8.0)
+    assert (rows[1]["batch_size"], rows[2]["batch_size"], rows[2]["processes"]) == (8, 16, 2)
 
 
-def test_time_calls_on_cpu_reads_the_clock():
-    """On the CPU each call spans consecutive clock readings; no CUDA call is made."""
-    assert timing.time_calls(lambda: None, 4, warmup=1, clock=FakeClock(0.5)) == [0.5] * 4
+def test_ddp_bench_callback_row_comes_from_rank_0(tmp_path):
+    """DDPBenchCallback: only rank 0 writes the row; summary reads it back (None where none was written)."""
+    out, cpu = tmp_path / "row.json", SimpleNamespace(device=torch.device("cpu"))
+    cb = run_callback_window(1, 4, scaling.DDPBenchCallback(1, 4, out), "cpu", world=2)
+    cb.on_train_end(SimpleNamespace(is_global_zero=False), cpu)
+    assert cb.summary(torch.device("cpu")) is None
+    cb.on_train_end(SimpleNamespace(is_global_zero=True), cpu)
+    assert cb.summary(torch.device("cpu"))["processes"] == 2 and out.exists()
 
 
-def test_latency_ms_runs_warmup_plus_repeats_forward_passes():
-    """compress.latency_ms goes through time_calls: warm-up + repeats passes on a (batch, 3, 32, 32) input."""
+class WorkClock:
+    """A clock that only fn's calls advance, `per_call` seconds each: what a Timer reads is fn's time alone."""
+
+    def __init__(self, per_call: float):
+        self.t, self.per_call, self.calls = 0.0, per_call, 0
+
+    def work(self) -> None:
+        self.t += self.per_call
+        self.calls += 1
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.mark.parametrize("per_call", [0.5, 1e-3])
+def test_time_calls_gives_seconds_per_call_for_the_run_time(per_call):
+    """Each figure is seconds per call, also when a block holds many calls (1 ms calls: blocks of 10), and the
+    timed blocks fill min_run_time."""
+    clock = WorkClock(per_call)
+    seconds = timing.time_calls(clock.work, min_run_time=2.0, clock=clock)
+    assert seconds == pytest.approx([per_call] * len(seconds)) and len(seconds) >= 2.0 / per_call / 10
+    assert clock.calls * per_call >= 2.0  # the Timer's warm-up calls come on top of the timed blocks
+
+
+def test_time_calls_keeps_the_thread_count():
+    """fn runs on this process's threads, not on torch.utils.benchmark.Timer's default of one."""
+    before, seen = torch.get_num_threads(), []
+    torch.set_num_threads(2)
+    try:
+        timing.time_calls(lambda: seen.append(torch.get_num_threads()), min_run_time=0.01)
+    finally:
+        torch.set_num_threads(before)
+    assert seen and set(seen) == {2}
+
+
+def test_latency_ms_is_milliseconds_of_one_forward_pass():
+    """compress.latency_ms times forward passes on a (batch, 3, 32, 32) input; a 2 ms pass reads >= 2 ms."""
+    import time
+
     from course_lib import compress
 
     shapes = []
-    model = lambda x: shapes.append(tuple(x.shape))  # noqa: E731
-    assert compress.latency_ms(model, 4, warmup=2, repeats=5) >= 0
-    assert shapes == [(4, 3, 32, 32)] * 7
+
+    def model(x):
+        shapes.append(tuple(x.shape))
+        time.sleep(2e-3)
+
+    assert compress.latency_ms(model, 4, min_run_time=0.02) >= 2.0
+    assert len(shapes) >= 2 and set(shapes) == {(4, 3, 32, 32)}
 
 
 def test_device_data_module_trains_validates_and_tests(dm_kwargs):
