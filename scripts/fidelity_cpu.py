@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "scripts"))  # airbench_port beside this file
 
 import airbench_port  # noqa: E402
 
-from course_lib import config, experiments, speedrun  # noqa: E402
+from course_lib import config, experiments, hardware, results, speedrun, verdict  # noqa: E402
 from course_lib.ondevice import SpeedrunDataModule  # noqa: E402
 from course_lib.timing import DeviceTimer  # noqa: E402
 
@@ -92,7 +92,7 @@ DEVIATIONS = [  # (point, airbench94, the course before, resolution)
 
 
 def datamodule(args) -> SpeedrunDataModule:
-    dm = SpeedrunDataModule(image_folder=args.data, batch_size=args.batch, subset=args.subset,
+    dm = SpeedrunDataModule(image_folder=config.data_source(args.data), batch_size=args.batch, subset=args.subset,
                             eval_subset=args.test_subset, seed=0, device="cpu")
     dm.prepare_data()
     dm.setup("fit")
@@ -101,8 +101,8 @@ def datamodule(args) -> SpeedrunDataModule:
 
 def run_course(dm, args, seed: int) -> dict:
     extras = EXTRAS[args.extras][0]
-    module = speedrun.SpeedrunModule(tuple(args.widths), args.batch, **extras)
-    run = experiments.run_seed(module, dm, seed, args.epochs, PRECISIONS[args.precision][0])
+    module = speedrun.SpeedrunModule(speedrun.Recipe(widths=tuple(args.widths), batch_size=args.batch, **extras))
+    run = experiments.run_seed(module, dm, seed=seed, epochs=args.epochs, precision=PRECISIONS[args.precision][0])
     plain = speedrun.evaluate_tta(module.net, dm.test_set.images, dm.test_set.labels, level=0)
     return {"acc": run["acc"], "acc_no_tta": plain, "time_s": run["total_s"], "steps": run["steps"],
             "final_loss": run["losses"][-5:].mean().item()}
@@ -168,14 +168,14 @@ def report(path: Path, out: Path) -> Path:
         seeds = ", ".join(str(r["seed"]) for r in rs)
         cmds = sorted({r["command"] for r in rs})
         lines.append(f"| {label} | {impl} | {extras} | {seeds} | "
-                     f"{experiments.spread(pct([r['acc'] for r in rs]), unit=' %')} | "
-                     f"{experiments.spread(pct([r['acc_no_tta'] for r in rs]), unit=' %')} | "
-                     f"{experiments.spread([r['time_s'] for r in rs], '{:.1f}', ' s')} | "
+                     f"{verdict.spread(pct([r['acc'] for r in rs]), unit=' %')} | "
+                     f"{verdict.spread(pct([r['acc_no_tta'] for r in rs]), unit=' %')} | "
+                     f"{verdict.spread([r['time_s'] for r in rs], '{:.1f}', ' s')} | "
                      f"{statistics.mean(r['final_loss'] for r in rs):.3f} | {'<br>'.join(f'`{c}`' for c in cmds)} |")
 
     def diff(first: list[dict], second: list[dict]) -> str:
         """mean(first) - mean(second) ± standard error, with and without TTA."""
-        d = experiments.mean_diff
+        d = verdict.mean_diff
         return "; ".join(f"{label} {d(pct(r[k] for r in second), pct(r[k] for r in first), unit=' pt')}"
                          for label, k in (("with TTA", "acc"), ("without TTA", "acc_no_tta")))
 
@@ -195,7 +195,7 @@ def report(path: Path, out: Path) -> Path:
     commits = sorted({r["commit"] for r in rows})
     lines += ["", f"Runs from {path} (commits {', '.join(commits)}), one at a time on this machine.", "",
               FINDINGS, "", kept]
-    return experiments.write_report(out, "Recipe fidelity: the course against a port of airbench94, on a CPU",
+    return results.write_report(out, "Recipe fidelity: the course against a port of airbench94, on a CPU",
                                     lines)
 
 
@@ -205,7 +205,7 @@ def main() -> int:
     p.add_argument("--extras", choices=sorted(EXTRAS), default="on",
                    help="off: no label smoothing, BN-bias LR x1, no lookahead (TTA is reported both ways)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--data", default=config.data_source(), help="JPEG folder (default: COURSE_DATA)")
+    p.add_argument("--data", help="JPEG folder (default: the course's data source, config.data_source)")
     p.add_argument("--subset", type=int, default=5000, help="training images (seeded subset of the 45,000)")
     p.add_argument("--test-subset", type=int, default=None, help="test images (default: all 5,000)")
     p.add_argument("--widths", type=int, nargs=3, default=(16, 32, 32))
@@ -231,7 +231,7 @@ def main() -> int:
         got = (run_course if args.impl == "course" else run_port)(dm, args, seed)
         row = {"impl": args.impl, "extras": args.extras, "seed": seed, **got, "wall_s": time.perf_counter() - start,
                "settings": settings(args), "train_images": len(dm.train_set), "test_images": len(dm.test_set),
-               "commit": commit(), "command": command, "hardware": config.hardware_label()}
+               "commit": commit(), "command": command, "hardware": hardware.label()}
         with args.runs.open("a") as f:
             f.write(json.dumps(row) + "\n")
         print(f"{args.impl} extras {args.extras} seed {seed}: {got['acc']:.2%} with TTA, {got['acc_no_tta']:.2%} "

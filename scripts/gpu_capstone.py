@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT / "scripts"))  # airbench_carry and lesson_checks be
 import airbench_carry  # noqa: E402
 import lesson_checks  # noqa: E402
 
-from course_lib import config, experiments, models, speedrun  # noqa: E402
+from course_lib import config, experiments, hardware, models, results, speedrun, verdict  # noqa: E402
 from course_lib.data import list_image_folder  # noqa: E402
 from course_lib.ondevice import SpeedrunDataModule  # noqa: E402
 
@@ -79,25 +79,13 @@ def decode_pack(pack: Path, out: Path) -> Path:
     return out
 
 
-class Report:
-    """A results file rewritten whole whenever a section changes, sections in ORDER."""
-
-    def __init__(self, path: Path, title: str, info: dict):
-        self.path, self.title, self.info, self.sections = path, title, info, {}
-
-    def set(self, key: str, lines: list[str]) -> None:
-        self.sections[key] = lines
-        lines = [ln for k in ORDER if k in self.sections for ln in [*self.sections[k], ""]]
-        experiments.write_report(self.path, self.title, lines, self.info)
-
-
 def pct(values) -> list[float]:
     return [100 * v for v in values]
 
 
 def figure(label: str, values: list[float], fmt: str = "{:.3f}", unit: str = " s") -> str:
     """One report line: '- label: mean ± std (min–max, n runs)'."""
-    return f"- {label}: {experiments.spread(values, fmt, unit)}"
+    return f"- {label}: {verdict.spread(values, fmt, unit)}"
 
 
 def table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -105,7 +93,7 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
             *["| " + " | ".join(r) + " |" for r in rows], ""]
 
 
-def guarded(report: Report, key: str, head: list[str], fn):
+def guarded(report: results.Report, key: str, head: list[str], fn):
     """Run one part; a failure goes into its section (traceback tail) and the next part still runs."""
     try:
         return fn()
@@ -142,16 +130,18 @@ def part_a(args, dm, report, deadline, dry) -> list[dict]:
 
 
 def part_b(module, dm, report, seeds, epochs, precision, deadline, head) -> list[dict]:
-    experiments.run_seed(module, dm, 1000, epochs, precision)  # warm-up: compilation, cuDNN autotuning
+    # warm-up: compilation, cuDNN autotuning
+    experiments.run_seed(module, dm, seed=1000, epochs=epochs, precision=precision)
     runs = []
     for seed in seeds:
         if time.monotonic() > deadline:
             report.set("b", report.sections["b"] + [f"- time budget spent after {len(runs)} runs"])
             break
-        runs.append(experiments.run_seed(module, dm, seed, epochs, precision))
+        runs.append(experiments.run_seed(module, dm, seed=seed, epochs=epochs, precision=precision))
         last = runs[-1]["epoch_s"]
-        flops = experiments.flop_summary(module.recipe.widths, module.recipe.batch_size, len(dm.train_dataloader()),
-                                         statistics.median(last[1:] or last))
+        recipe = module.recipe
+        flops = experiments.flop_summary(widths=recipe.widths, batch_size=recipe.batch_size,
+                                         steps=len(dm.train_dataloader()), epoch_s=statistics.median(last[1:] or last))
         report.set("b", head + table(
             ["seed", "test accuracy (TTA)", "trainer.fit (whitening + training)", "trainer.test (TTA)", "total",
              "training epochs only"],
@@ -166,16 +156,16 @@ def part_b(module, dm, report, seeds, epochs, precision, deadline, head) -> list
 
 def part_c(module, dm, report, runs, epochs, precision, deadline, head) -> list[dict]:
     torch.manual_seed(1000)  # warm-up twin: compiles its graphs, so the timed runs exclude compilation
-    net = models.AirNet(module.recipe.widths)
-    warm = speedrun.train_twin(net, dm.train_dataloader(), epochs, module.recipe, precision)
-    speedrun.evaluate_tta(warm["net"], dm.test_set.images, dm.test_set.labels, batch_size=dm.eval_batch_size,
+    twin = speedrun.Twin(models.AirNet(module.recipe.widths), module.recipe)  # compiled once
+    twin.fit(dm.train_dataloader(), epochs, precision)
+    speedrun.evaluate_tta(twin.forward, dm.test_set.images, dm.test_set.labels, batch_size=dm.eval_batch_size,
                           precision=precision)
     twins = []
     for run in runs:
         if time.monotonic() > deadline:
             report.set("c", report.sections["c"] + [f"- time budget spent after {len(twins)} runs"])
             break
-        twins.append(experiments.compare_twin(module, dm, run, epochs, precision, net=net))
+        twins.append(experiments.compare_twin(module, dm, run, epochs=epochs, precision=precision, twin=twin))
         report.set("c", head + table(
             ["seed", "twin accuracy (TTA)", "Lightning accuracy", "twin total", "Lightning total",
              "Lightning / twin epoch (median, epochs 1+)", "largest loss difference, first 10 steps"],
@@ -189,7 +179,7 @@ def part_c(module, dm, report, runs, epochs, precision, deadline, head) -> list[
 
 
 def summary(report, a, b, c) -> None:
-    ratio, diff = experiments.mean_ratio, experiments.mean_diff
+    ratio, diff = verdict.mean_ratio, verdict.mean_diff
     b_acc, b_time = pct(r["acc"] for r in b), [r["total_s"] for r in b]
     a_acc, a_time = pct(r["acc"] for r in a), [r["time_s"] for r in a]
     c_acc, c_time = pct(t["twin_acc"] for t in c), [t["twin_total_s"] for t in c]
@@ -203,8 +193,8 @@ def summary(report, a, b, c) -> None:
     if a and c:
         lines.append(f"- time, plain twin (c) / airbench94 (a): {ratio(a_time, c_time)}")
     if b:
-        verdict = "reached" if statistics.mean(b_acc) >= 94 else "not reached"
-        lines.append(f"- 94 % on the held-out images: {verdict} by the course's recipe "
+        reached = "reached" if statistics.mean(b_acc) >= 94 else "not reached"
+        lines.append(f"- 94 % on the held-out images: {reached} by the course's recipe "
                      f"(mean {statistics.mean(b_acc):.2f} %)")
     report.set("summary", lines)
 
@@ -223,7 +213,7 @@ def main() -> int:
                    help="smoke sizes (default without a GPU or at COURSE_SIZE=smoke)")
     args = p.parse_args()
     if args.make_data:
-        make_data(Path(args.data or config.data_source() or config.shared_data_folder()) / "train", args.make_data)
+        make_data(Path(config.data_source(args.data, need_files=True)) / "train", args.make_data)
         if args.airbench_sdist:
             print(f"airbench package in {airbench_carry.carry_package(args.airbench_sdist, args.carry)}")
         return 0
@@ -232,7 +222,7 @@ def main() -> int:
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)  # no per-run banner
     gpu = torch.cuda.is_available()
     dry = args.dry_run or not gpu or config.run_size().name == "smoke"
-    source = Path(args.data or config.data_source() or config.shared_data_folder())
+    source = Path(config.data_source(args.data, need_files=True))
     if source.is_dir():  # a JPEG folder: pack it, as --make-data does, then use the pack
         pack = config.build_dir() / "capstone" / "pack.pt"
         make_data(source / "train", pack)
@@ -245,7 +235,7 @@ def main() -> int:
     batch, subset, eval_subset = size.batch_size, size.train_subset, size.eval_subset
     # the dry run trains a fractional number of epochs, as airbench94's 9.9 does, so that path runs too
     epochs, args.seeds_list = (size.epochs - 0.5, [0, 1]) if dry else (args.epochs, list(range(args.seeds)))
-    precision = config.choose_precision()  # the course's policy: bf16 where native
+    precision = hardware.choose_precision()  # the course's policy: bf16 where native
     torch.backends.cudnn.benchmark = gpu
     start = time.perf_counter()
     dm = SpeedrunDataModule(image_folder=str(source), batch_size=batch, subset=subset, eval_subset=eval_subset,
@@ -253,10 +243,10 @@ def main() -> int:
     dm.prepare_data()
     dm.setup("fit")
     data_s = time.perf_counter() - start
-    info = config.hardware()
-    out = (config.build_dir() / "gpu_capstone-dryrun.md" if dry
-           else ROOT / "docs" / "results" / f"{info['gpu'].replace(' ', '_')}-capstone.md")
-    report = Report(out, f"Lesson 08 capstone on {config.hardware_label(info)}{' (dry run)' if dry else ''}", info)
+    info = hardware.facts()
+    out = results.report_path("gpu_capstone", None if dry else info["gpu"], suffix="-capstone")
+    report = results.Report(out, f"Lesson 08 capstone on {hardware.label(info)}{' (dry run)' if dry else ''}",
+                            order=ORDER, info=info)
     steps = speedrun.total_steps(epochs, len(dm.train_dataloader()))
     report.set("setup", [
         f"Data: {args.data or source}; train {len(dm.train_set):,} / test {len(dm.test_set):,} images: the seed-0 "
@@ -266,13 +256,14 @@ def main() -> int:
         f"Data loading ({data_s:.1f} s) and warm-up runs are not in the times. {len(args.seeds_list)} timed runs "
         f"per part, seeds {args.seeds_list}; budget {args.budget:.0f} s.", ""])
     a = guarded(report, "a", ["## (a) airbench94 itself"], lambda: part_a(args, dm, report, deadline, dry))
-    module = speedrun.SpeedrunModule(widths, batch, channels_last=gpu and not dry, compile=gpu and not dry)
+    module = speedrun.SpeedrunModule(speedrun.Recipe(widths=widths, batch_size=batch, channels_last=gpu and not dry,
+                                                     compile=gpu and not dry))
     b_head = ["## (b) the course's SpeedrunModule (Lightning)", "",
               "Timed by experiments.run_seed on CUDA events: trainer.fit (whitening + training) + trainer.test (TTA)."]
     b = guarded(report, "b", b_head, lambda: part_b(module, dm, report, args.seeds_list, epochs, precision,
                                                     deadline, b_head))
     c_head = ["## (c) the plain-PyTorch twin", "",
-              "speedrun.train_twin per seed of (b), same batches and initial weights (experiments.compare_twin), "
+              "speedrun.Twin.fit per seed of (b), same batches and initial weights (experiments.compare_twin), "
               "timed the same way: whitening + training, then TTA."]
     c = guarded(report, "c", c_head, lambda: part_c(module, dm, report, b, epochs, precision, deadline, c_head))
     guarded(report, "summary", ["## Comparison"], lambda: summary(report, a, b, c))

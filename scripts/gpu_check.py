@@ -16,23 +16,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout: no install needed (GPU machine)
 
-from course_lib import bench, config, runs
+from course_lib import bench, config, hardware, results, runs
 from course_lib.data import load_image_folder
 from course_lib.modules import ImageClassifierModule
-
-REPO = Path(__file__).resolve().parents[1]  # results go under the repository, wherever the script is run from
 
 TARGETS = [  # (lesson, config, baseline, required speedup): the issue's targets for an H100/H200-class GPU
     ("03", "small CNN, GPU-resident data", "small CNN, DataLoader 8 workers", 1.5),
     ("04", "ResNet-9 bf16-mixed", "ResNet-9 fp32", 2.0),
     ("05", "ResNet-9 bf16 + compile + channels_last", "ResNet-9 bf16-mixed", 1.3),
 ]
-
-
-def results_file(gpu: str | None) -> Path:
-    """docs/results/<gpu>.md in the repository; without a GPU (a dry run) build/gpu_check-dryrun.md, out of docs/."""
-    dry_run = config.build_dir() / "gpu_check-dryrun.md"
-    return REPO / "docs" / "results" / f"{gpu.replace(' ', '_')}.md" if gpu else dry_run
 
 
 def save_subset(data: dict, out: Path, n: int) -> Path:
@@ -46,13 +38,13 @@ def save_subset(data: dict, out: Path, n: int) -> Path:
 
 def make_subset(out: Path, n: int) -> None:
     """Save a seeded random subset of the real training images as one uint8 tensor file to carry."""
-    save_subset(load_image_folder(Path(config.data_source() or config.shared_data_folder()) / "train"), out, n)
+    save_subset(load_image_folder(Path(config.data_source(need_files=True)) / "train"), out, n)
     print(f"wrote {n} images to {out} ({out.stat().st_size / 2**20:.0f} MiB)")
 
 
 def make_run(cfg: dict, source: str | None, batch: int):
     """One configuration -> (module, datamodule) on `source`, with the TF32 switches the configuration asks for."""
-    config.set_tf32(bool(cfg.get("tf32")))  # one TF32 API for this torch version
+    hardware.set_tf32(bool(cfg.get("tf32")))  # one TF32 API for this torch version
     dm = runs.datamodule("gpu_check", kind="device" if cfg.get("device_data") else "loader", image_folder=source,
                          batch_size=batch, **cfg.get("data", {}))
     return ImageClassifierModule(**cfg["model"]), dm
@@ -81,7 +73,7 @@ def configs(batch: int) -> list[dict]:
         # the fp16 the policy picks there, so the check shows whether torch.compile works on it (or its error)
         *([{"name": "ResNet-9 16-mixed + compile + channels_last", "device_data": True, "precision": "16-mixed",
             "model": {**resnet, "compile": True, "channels_last": True}, "alone": True}]
-          if config.choose_precision() == "16-mixed" else []),
+          if hardware.choose_precision() == "16-mixed" else []),
     ]
 
 
@@ -98,13 +90,13 @@ def main() -> int:
     if args.make_subset:
         make_subset(args.make_subset, args.subset_size)
         return 0
-    source = args.data or config.data_source()
+    source = config.data_source(args.data)
 
     start = time.perf_counter()
     runnable, skipped = [], []
     for cfg in configs(args.batch):  # a precision this hardware lacks is skipped with the policy's reason
         try:
-            config.choose_precision(cfg.get("precision", "32-true"))
+            hardware.choose_precision(cfg.get("precision", "32-true"))
             runnable.append(cfg)
         except ValueError as err:
             skipped.append(f"- {cfg['name']}: skipped: {err}")
@@ -117,8 +109,7 @@ def main() -> int:
             skipped.append(f"- {cfg['name']}: FAILED here: {type(err).__name__}: {str(err)[-300:]}")
     rows = bench.add_speedups(rows, rows[0]["name"])
     speed = {r["name"]: r["images_per_s"] for r in rows}
-    lines = [f"# GPU check on {config.hardware_label()}", "", f"Command: `{' '.join(sys.argv)}`", "",
-             f"Data: {source}; batch {args.batch}; {args.warmup} warm-up + {args.steps} timed steps per row, one run "
+    lines = [f"Data: {source}; batch {args.batch}; {args.warmup} warm-up + {args.steps} timed steps per row, one run "
              f"each; total {time.perf_counter() - start:.0f} s.", "", bench.table(rows), "", "## Targets", ""]
     for lesson, name, base, need in TARGETS:
         if name not in speed or base not in speed:
@@ -127,13 +118,12 @@ def main() -> int:
         got = speed[name] / speed[base]
         lines.append(f"- lesson {lesson}: {name} / {base} = {got:.2f}x (target {need}x): "
                      f"{'met' if got >= need else 'MISSED'}")
-    lines += [*skipped, "", "Versions: " + ", ".join(f"{k} {v}" for k, v in config.hardware().items())]
-    gpu = config.hardware().get("gpu")
-    out = results_file(gpu)  # without a GPU only a dry run: kept out of docs/, whose figures are GPU figures
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
-    bench.save_results(rows, "gpu_check")
-    print("\n".join(lines))
+    lines += skipped
+    info = hardware.facts()
+    out = results.report_path("gpu_check", info["gpu"])  # without a GPU only a dry run, kept out of docs/
+    results.write_report(out, f"GPU check on {hardware.label(info)}", lines, info)
+    results.save_rows(rows, "gpu_check")
+    print(out.read_text() + f"\nwritten to {out}")
     return 0
 
 

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import gpu_check  # this folder: its warm-up rule
 
-from course_lib import bench, config, scaling
+from course_lib import bench, config, hardware, results, scaling
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,8 +46,8 @@ def main() -> int:
     gpu = n_gpus > 0
     accel, counts = ("gpu", list(range(1, n_gpus + 1))) if gpu else ("cpu", [1, 2])
     model, batch, steps, warmup = args.model or ("resnet9" if gpu else "lenet"), args.batch, args.steps, args.warmup
-    precision = config.choose_precision() if gpu else "32-true"
-    data = args.data or config.data_source()
+    precision = hardware.choose_precision() if gpu else "32-true"
+    data = config.data_source(args.data)
     out = config.build_dir() / "gpu_ddp_check"
     shutil.rmtree(out, ignore_errors=True)  # a fresh run folder, so the rank-0-only check sees this run's files
     out.mkdir(parents=True)
@@ -82,8 +82,7 @@ def main() -> int:
     over_rc, over_log, _ = run(over, timeout=120)
     message = over_log.strip().splitlines()[-1] if over_log.strip() else "(no output)"  # the exception's line
 
-    lines = [f"# DDP check on {config.hardware_label()}", "", f"Command: `{' '.join(sys.argv)}`", "",
-             f"Data: {data}; {model}, {batch} images per process, {precision}; {warmup} warm-up + {steps} timed "
+    lines = [f"Data: {data}; {model}, {batch} images per process, {precision}; {warmup} warm-up + {steps} timed "
              f"steps per row, one run each, each in fresh processes (strategy ddp); total "
              f"{time.perf_counter() - start:.0f} s.", "", bench.table(rows), "", "## Scaling efficiency", "",
              *(eff or ["- one device only: no multi-device row"]), "",
@@ -92,16 +91,12 @@ def main() -> int:
              f"(rank 0 writes them once); {'ok' if rc == 0 and versions == ['version_0'] else 'FAILED'}",
              *([f"- output tail: ```{log[-1500:]}```"] if rc else []), "",
              f"## Asking for {n_gpus + 1} GPU(s) with {n_gpus} present", "",
-             f"- exit code {over_rc} ({'fails as it should' if over_rc else 'DID NOT FAIL'}): {message}", "",
-             "Versions: " + ", ".join(f"{k} {v}" for k, v in config.hardware().items())]
-    # without a GPU this is only a dry run of the script: keep it out of docs/, whose figures are GPU figures
-    name = config.hardware().get("gpu")
-    path = (REPO / "docs/results" / f"{name.replace(' ', '_')}-ddp.md" if name
-            else out.parent / "gpu_ddp_check-dryrun.md")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
-    bench.save_results(rows, "gpu_ddp_check")
-    print("\n".join(lines), f"\n\nwritten to {path}", sep="")
+             f"- exit code {over_rc} ({'fails as it should' if over_rc else 'DID NOT FAIL'}): {message}"]
+    info = hardware.facts()
+    path = results.report_path("gpu_ddp_check", info["gpu"], suffix="-ddp")  # no GPU: a dry run, out of docs/
+    results.write_report(path, f"DDP check on {hardware.label(info)}", lines, info)
+    results.save_rows(rows, "gpu_ddp_check")
+    print(path.read_text() + f"\nwritten to {path}")
     return 0 if rc == 0 and over_rc != 0 else 1
 
 

@@ -12,9 +12,8 @@ from pathlib import Path
 import gpu_check
 import torch
 
-from course_lib import bench, config, experiments, scaling
+from course_lib import bench, config, hardware, results, scaling
 
-ROOT = Path(__file__).resolve().parents[1]
 ORDER = ["ResNet-9 fp32", "ResNet-9 bf16-mixed", "ResNet-9 bf16 + compile + channels_last",
          "small CNN, GPU-resident data", "small CNN, DataLoader 8 workers", "lesson 06", "ResNet-9 TF32",
          "ResNet-9 16-mixed", "ResNet-9 16-mixed + compile + channels_last"]  # the target pairs of lessons 04, 05
@@ -33,8 +32,7 @@ def run(source: Path, deadline: float, dry: bool, info: dict, show=print) -> lis
     cfgs = {c["name"]: c for c in gpu_check.configs(batch)}
     names = ["small CNN, GPU-resident data", "ResNet-9 fp32", "lesson 06"] if dry else [
         n for n in ORDER if n in cfgs or n == "lesson 06"]
-    out = (config.build_dir() / "gpu_check-dryrun.md" if dry
-           else ROOT / "docs" / "results" / f"{info['gpu'].replace(' ', '_')}.md")
+    out = results.report_path("gpu_check", None if dry else info["gpu"])
     rows, notes = [], []
 
     for name in names:
@@ -47,7 +45,7 @@ def run(source: Path, deadline: float, dry: bool, info: dict, show=print) -> lis
                 with tempfile.TemporaryDirectory() as tmp:
                     row = scaling.measure_script(1, Path(tmp) / "1.json", accelerator="cpu" if dry else "gpu",
                                                   model="lenet" if dry else "resnet9", batch=ddp_size.batch_size,
-                                                  precision="32-true" if dry else config.choose_precision(),
+                                                  precision="32-true" if dry else hardware.choose_precision(),
                                                   warmup=warmup, steps=steps, workers=0 if dry else 4,
                                                   data=str(subset))
                 rows.append({**row, "name": "lesson 06: 1 device, DataLoader (gpu_ddp_check's first row)"})
@@ -64,7 +62,7 @@ def run(source: Path, deadline: float, dry: bool, info: dict, show=print) -> lis
                  f"+ {steps} timed steps per row, one run each; part (d) of scripts/gpu_capstone.py.", "",
                  bench.table(bench.add_speedups(rows, rows[0]["name"])) if rows else "(no row yet)", "",
                  "## Targets", "", *(targets or ["- none measured yet"]), *notes]
-        experiments.write_report(out, f"GPU check (lessons 03-06) on {config.hardware_label(info)}", lines, info)
+        results.write_report(out, f"GPU check (lessons 03-06) on {hardware.label(info)}", lines, info)
         summary = [f"Written to {out}:", "", *[f"- {r['name']}: {r['images_per_s']:,.0f} images/s" for r in rows],
                    *targets, *notes]
         show(summary)

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 import airbench_carry  # noqa: E402
 
-from course_lib import experiments  # noqa: E402
+from course_lib import hardware, results  # noqa: E402
 
 #: airbench 0.1.8's own table, printed by its print_training_details (train94, verbose=True)
 AIRBENCH_OUTPUT = """\
@@ -81,7 +81,7 @@ def test_dry_run_writes_every_part_with_parsable_figures(make_folder, cifar_fold
     comparison = section(text, "## Comparison")
     assert re.search(r"time, Lightning \(b\) / plain twin \(c\): [0-9.]+x ± [0-9.]+x", comparison)
     assert re.search(r"accuracy, \(b\) - \(c\): [-+][0-9.]+ pt", comparison)
-    shown = experiments.committed_results("gpu_capstone-dryrun.md", build)  # what lesson 08 prints of a GPU run
+    shown = results.committed("gpu_capstone-dryrun.md", build)  # what lesson 08 prints of a GPU run
     assert len(shown) == 1 and shown[0]["hardware"].startswith("Hardware: CPU")
     assert shown[0]["comparison"] == [ln for ln in comparison.splitlines() if ln.startswith("- ")] != []
 
@@ -91,14 +91,6 @@ def test_dry_run_writes_every_part_with_parsable_figures(make_folder, cifar_fold
         assert re.search(re.escape(name) + r"[^|]*: [0-9,]+ images/s", d), d
         assert name in check
     assert not (REPO / "docs" / "results" / "None-capstone.md").exists()
-
-
-def test_committed_results_none_without_docs_and_empty_without_gpu_runs(tmp_path):
-    assert experiments.committed_results(folder=tmp_path / "absent") is None  # installed without the checkout
-    assert experiments.committed_results(folder=tmp_path) == []  # no GPU run committed yet
-    (tmp_path / "x-capstone.md").write_text("# partial\n\nHardware: GPU X\n\n## (a) airbench94 itself\n- a: 1\n")
-    assert experiments.committed_results(folder=tmp_path) == [
-        {"file": "x-capstone.md", "title": "partial", "hardware": "Hardware: GPU X", "comparison": []}]
 
 
 def test_airbench_table_is_read_from_its_printed_output():
@@ -206,13 +198,11 @@ def test_gpu_check_on_a_gpu_without_bf16_compiles_in_fp16(monkeypatch):
     import gpu_check
     import lesson_checks
 
-    from course_lib import config
-
-    monkeypatch.setattr(config, "hardware", lambda: {"gpu": "Tesla T4", "compute_capability": "7.5",
-                                                     "bf16_native": False})
+    monkeypatch.setattr(hardware, "facts", lambda: {"gpu": "Tesla T4", "compute_capability": "7.5",
+                                                    "bf16_native": False})
     rows = {c["name"]: c for c in gpu_check.configs(512)}
     fp16 = rows["ResNet-9 16-mixed + compile + channels_last"]
     assert fp16["precision"] == "16-mixed" and fp16["model"]["compile"]
     assert set(rows) <= set(lesson_checks.ORDER)
     with pytest.raises(ValueError, match="no native bf16"):
-        config.choose_precision(rows["ResNet-9 bf16 + compile + channels_last"]["precision"])
+        hardware.choose_precision(rows["ResNet-9 bf16 + compile + channels_last"]["precision"])

@@ -100,6 +100,61 @@ def test_shared_folder_used_without_course_data(tmp_path, monkeypatch):
     assert config.data_source() is None  # the tests then download, as the lessons do
 
 
+def test_resolver_order_given_then_course_data_then_shared(tmp_path, monkeypatch):
+    """config.data_source: a script's --data wins over COURSE_DATA, which wins over the shared folder; a tensor file
+    is a source too (a subset carried to a GPU machine)."""
+    for name in ("given", "env", "shared"):
+        (tmp_path / name / "train").mkdir(parents=True)
+    (tmp_path / "subset.pt").write_bytes(b"")
+    monkeypatch.setattr(config, "shared_data_folder", lambda: tmp_path / "shared")
+    monkeypatch.setenv(config.DATA_ENV, str(tmp_path / "env"))
+    assert config.data_source(tmp_path / "given") == str(tmp_path / "given")
+    assert config.data_source(str(tmp_path / "subset.pt")) == str(tmp_path / "subset.pt")
+    assert config.data_source() == config.data_source(None) == config.data_source("") == str(tmp_path / "env")
+    monkeypatch.delenv(config.DATA_ENV)
+    assert config.data_source() == str(tmp_path / "shared")
+
+
+@pytest.mark.parametrize("env", ["", "torchvision"])
+def test_resolver_without_files_names_the_remedy(tmp_path, monkeypatch, env):
+    """No COURSE_DATA (or the download asked for) and no shared folder: the lessons download (None), and a script
+    that reads the files itself gets an error naming --data, COURSE_DATA and the layout instead of a bad path."""
+    monkeypatch.setattr(config, "shared_data_folder", lambda: tmp_path / "absent")
+    monkeypatch.setenv(config.DATA_ENV, env)
+    assert config.data_source() is None
+    with pytest.raises(FileNotFoundError, match=r"Pass --data <folder>, or set COURSE_DATA=<folder>") as err:
+        config.data_source(need_files=True)
+    assert "<folder>/train/<class>/*.jpg" in str(err.value) and str(tmp_path / "absent") in str(err.value)
+
+
+@pytest.mark.parametrize("origin", ["given", "env"])
+def test_resolver_rejects_a_missing_source_or_one_without_train(tmp_path, monkeypatch, origin):
+    """A named source that does not exist, or a folder without train/, fails at once with the remedy: never a
+    silent download instead of the data asked for."""
+    (tmp_path / "flat").mkdir()
+    monkeypatch.delenv(config.DATA_ENV, raising=False)
+    for bad, what in ((tmp_path / "missing", "does not exist"), (tmp_path / "flat", "has no train/<class>/")):
+        if origin == "env":
+            monkeypatch.setenv(config.DATA_ENV, str(bad))
+        with pytest.raises(FileNotFoundError, match=what) as err:
+            config.data_source(bad if origin == "given" else None)
+        assert "COURSE_DATA=torchvision" in str(err.value) and str(bad) in str(err.value)
+        assert ("named by COURSE_DATA" in str(err.value)) is (origin == "env")
+
+
+def test_jpeg_datamodule_resolves_its_source_once(tmp_path, monkeypatch, cifar_folder):
+    """JpegDataModule reads the data source when built: a COURSE_DATA changed afterwards does not move it."""
+    from course_lib.jpeg import JpegDataModule
+
+    monkeypatch.setenv(config.DATA_ENV, str(cifar_folder))
+    dm = JpegDataModule(8, subset=16)
+    monkeypatch.setenv(config.DATA_ENV, str(tmp_path / "missing"))
+    dm.setup("fit")
+    assert len(dm.train_set) == 16 and dm.source == str(cifar_folder)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        JpegDataModule(8, subset=16)  # built now: the bad source fails at once
+
+
 def test_download_writes_real_jpeg_class_folders_once(local_mirror, tmp_path):
     """Neither folder: CIFAR-10 is downloaded (here from a local mirror) and written as JPEG class folders, once."""
     url, images, targets, hits = local_mirror

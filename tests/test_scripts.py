@@ -77,12 +77,15 @@ def test_child_env_lets_a_child_process_import_course_lib_without_install(tmp_pa
     assert Path(res.stdout.strip()) == Path(config.__file__).resolve()
 
 
-def test_gpu_check_writes_its_results_under_the_repository_from_any_folder(tmp_path, monkeypatch):
-    """Run from another folder, gpu_check's results file is still the repository's docs/results/<gpu>.md, as its
-    siblings' are (a relative docs/results would land in the current folder)."""
-    spec = importlib.util.spec_from_file_location("gpu_check_under_test", REPO / "scripts" / "gpu_check.py")
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
+def test_gpu_reports_go_under_the_repository_from_any_folder(tmp_path, monkeypatch):
+    """Run from another folder, a GPU script's report is still the repository's docs/results/<gpu><suffix>.md (a
+    relative docs/results would land in the current folder); a dry run's goes to build/, out of docs/."""
+    from course_lib import config, results
+
     monkeypatch.chdir(tmp_path)
-    assert gpu_check.results_file("NVIDIA H200") == REPO / "docs" / "results" / "NVIDIA_H200.md"
-    assert gpu_check.results_file(None).name == "gpu_check-dryrun.md"
+    assert results.report_path("gpu_check", "NVIDIA H200") == REPO / "docs" / "results" / "NVIDIA_H200.md"
+    assert results.report_path("gpu_ddp_check", "Tesla T4", suffix="-ddp") == REPO / "docs/results/Tesla_T4-ddp.md"
+    assert results.report_path("gpu_check", None) == config.build_dir() / "gpu_check-dryrun.md"
+    monkeypatch.setattr(config, "repo_root", lambda: None)  # installed without the checkout: no docs/ to write to
+    with pytest.raises(FileNotFoundError, match="run it from a clone"):
+        results.report_path("gpu_check", "NVIDIA H200")

@@ -1,0 +1,92 @@
+"""course_lib.results: the one writer, file naming and reader of measured results, round trip by round trip."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+from course_lib import hardware, results
+
+ROW = {"name": "x", "images_per_s": 123.5, "step_ms": 4.0, "batch_size": 8, "precision": "32-true"}
+
+
+@pytest.fixture
+def build(tmp_path, monkeypatch):
+    """A fresh build folder (COURSE_BUILD) for the results written by the test."""
+    monkeypatch.setenv("COURSE_BUILD", str(tmp_path))
+    monkeypatch.setenv("COURSE_SIZE", "smoke")
+    return tmp_path
+
+
+def test_file_name_is_the_one_naming():
+    """Spaces, slashes and other runs of unsafe characters become one '_'; safe names stay as they are."""
+    assert results.file_name("NVIDIA H100 80GB HBM3") == "NVIDIA_H100_80GB_HBM3"
+    assert results.file_name(" Tesla T4 ") == "Tesla_T4"
+    assert results.file_name("A/B (x)") == "A_B_x_"
+    assert results.file_name("04_mixed-precision.v2") == "04_mixed-precision.v2"
+
+
+def test_record_and_load_round_trip(build):
+    """Figures come back in order with size and hardware; re-recording a name replaces it; clear forgets them."""
+    assert results.load("99_test") == []
+    results.record("99_test", "a", 1, "s", "first")
+    results.record("99_test", "b", 2.5)
+    results.record("99_test", "a", 3, "s", "again")  # a re-run cell replaces its figure
+    figures = results.load("99_test")
+    assert [(f["name"], f["value"], f["unit"], f["note"]) for f in figures] == [("b", 2.5, "", ""),
+                                                                              ("a", 3.0, "s", "again")]
+    assert {f["size"] for f in figures} == {"smoke"} and {f["hardware"] for f in figures} == {hardware.label()}
+    assert results.figures_file("99_test") == build / "results" / "99_test.json"
+    assert results.load("other") == []  # lessons do not see each other's figures
+    results.clear("99_test")
+    assert results.load("99_test") == [] and not results.figures_file("99_test").exists()
+
+
+def test_save_rows_writes_the_rows_and_records_their_throughput(build):
+    """The rows file holds the rows, size and hardware facts; each row's images/s becomes one of the figures."""
+    path = results.save_rows([ROW, {**ROW, "name": "y", "images_per_s": 50.0}], "99_test")
+    assert path == build / "results" / "bench-99_test.json"
+    data = json.loads(path.read_text())
+    assert data["rows"][0] == ROW and data["lesson"] == "99_test" and data["size"] == "smoke"
+    assert data["hardware"]["torch"] == torch.__version__
+    assert [(f["name"], f["value"]) for f in results.load("99_test")] == [("x images/s", 123.5),
+                                                                        ("y images/s", 50.0)]
+    assert "batch 8, 32-true, median step 4 ms" in results.load("99_test")[0]["note"]
+
+
+def test_write_report_layout_is_what_committed_reads(build, monkeypatch):
+    """write_report: title, command, hardware, lines, versions; committed() gives back title, hardware, comparison."""
+    monkeypatch.setattr(sys, "argv", ["scripts/gpu_x.py", "--seeds", "2"])
+    info = {"gpu": "GPU X", "gpu_count": 1, "cuda": "13.0", "torch": "2.x"}
+    lines = ["## (a) part", "- a: 1", "", "## Comparison", "- time, b / a: 1.2x ± 0.1x", "## (d) later", "- d: 4"]
+    path = results.write_report(results.report_path("gpu_x", None), "Run on GPU X", lines, info)
+    text = path.read_text().splitlines()
+    assert text[:6] == ["# Run on GPU X", "", "Command: `python scripts/gpu_x.py --seeds 2`", "",
+                        "Hardware: 1x GPU X (CUDA 13.0)", ""]
+    assert text[-1] == "Versions and hardware facts: gpu GPU X, gpu_count 1, cuda 13.0, torch 2.x"
+    assert results.committed("gpu_x-dryrun.md", build) == [
+        {"file": "gpu_x-dryrun.md", "title": "Run on GPU X", "hardware": "Hardware: 1x GPU X (CUDA 13.0)",
+         "comparison": ["- time, b / a: 1.2x ± 0.1x"]}]
+
+
+def test_committed_none_without_docs_and_empty_without_gpu_runs(tmp_path):
+    assert results.committed(folder=tmp_path / "absent") is None  # installed without the checkout
+    assert results.committed(folder=tmp_path) == []  # no GPU run committed yet
+    (tmp_path / "x-capstone.md").write_text("# partial\n\nHardware: GPU X\n\n## (a) airbench94 itself\n- a: 1\n")
+    assert results.committed(folder=tmp_path) == [
+        {"file": "x-capstone.md", "title": "partial", "hardware": "Hardware: GPU X", "comparison": []}]
+
+
+def test_report_rewrites_sections_in_order(build):
+    """Sections set in any order are written in the report's order; an unknown section is an error, not lost."""
+    report = results.Report(build / "r.md", "T", order=("setup", "a", "b"), info={"cpu": "C", "cpu_cores": 2})
+    report.set("b", ["## b", "- b: 2"])
+    report.set("setup", ["Data: here"])
+    text = (build / "r.md").read_text()
+    assert text.index("Data: here") < text.index("## b") and "Hardware: CPU C (2 cores)" in text
+    report.set("setup", ["Data: there"])  # replaced, not appended
+    assert "Data: here" not in (build / "r.md").read_text()
+    with pytest.raises(KeyError, match="not one of this report's sections"):
+        report.set("c", [])
