@@ -187,6 +187,30 @@ def check_06_allreduce(average_gradients: Callable, target: float = 3.0, world: 
     return bool(ok and fast)
 
 
+def inputs_07(steps: int = 48, seed: int = 0):
+    """(trained ResNet-9 width 8, 4 calibration batches, held-out test loader) of real images for check_07_inference
+    outside the lesson (its tests and scripts/exercise_margins.py): 16 batches of 64 seen three times (48 steps),
+    enough to leave the logits uneven, so that agreement measures the int8 program and not ties."""
+    import torch
+    import torch.nn.functional as F
+
+    from . import runs
+    from .models import ResNet9
+
+    dm = runs.datamodule("07_quantization", batch_size=64, seed=seed)
+    dm.prepare_data()
+    dm.setup("fit")
+    torch.manual_seed(seed)
+    net = ResNet9(width=8)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9, nesterov=True)
+    batches = list(dm.train_dataloader())[:16]  # (64, 3, 32, 32) images and (64,) labels each
+    for x, y in (batches * 3)[:steps]:
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+    return net.eval(), [x for x, _ in batches[:4]], dm.test_dataloader()
+
+
 def int8_graph_report(program) -> tuple[int, int]:
     """(int8 tensors held, quantize/dequantize calls) of a converted torch.fx graph; (0, 0) for anything else."""
     import torch

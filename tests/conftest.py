@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_lib import config, jpeg
+from course_lib import config, jpeg, runs
 
 REPO = Path(__file__).resolve().parents[1]
 FORK_RULE = REPO / "tests" / "gpu_fork_rule"  # its sitecustomize.py: a fork after a backward fails, as with a GPU
@@ -33,6 +33,12 @@ def load_fork_rule():
 os.environ["PYTHONPATH"] = os.pathsep.join([str(FORK_RULE), *filter(None, [os.environ.get("PYTHONPATH")])])
 fork_rule = load_fork_rule()
 fork_rule.install(torch)
+def pytest_configure(config):
+    """The warnings the lessons hide as unactionable (runs.UNACTIONABLE, one list) are hidden in the tests too."""
+    for message in runs.UNACTIONABLE:
+        config.addinivalue_line("filterwarnings", f"ignore:{message}")
+
+
 TINY_CLASSES = ("airplane", "cat", "ship")
 TINY_PER_CLASS = 20
 

@@ -3,30 +3,13 @@ mechanism check on the starter (fails), the shortcuts a learner might try (fail)
 (passes). Real timings: one run per exercise in tests/test_exercises.py with generous bars, and in `make course`."""
 from __future__ import annotations
 
-import json
-import runpy
 from pathlib import Path
 
 import pytest
 import torch
 
 from course_lib import exercise, exercise_data, exercise_hardware, exercise_training
-
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-
-
-def cell(lesson: str, mark: str) -> dict:
-    """Run the notebook cell of `lesson` whose source starts with `mark` (e.g. '# EXERCISE 1'); its namespace."""
-    nb = json.loads(next(NOTEBOOKS.glob(f"{lesson}_*.ipynb")).read_text())
-    src = next("".join(c["source"]) for c in nb["cells"] if "".join(c["source"]).startswith(mark))
-    ns: dict = {}
-    exec(compile(src, f"<{lesson} {mark}>", "exec"), ns)
-    return ns
-
-
-def solution(lesson: str) -> dict:
-    """The reference solution's namespace."""
-    return runpy.run_path(str(next((NOTEBOOKS / "solutions").glob(f"{lesson}_*.py"))))
+from course_lib.exercise import solution
 
 
 # ---- grading, with injected costs ---------------------------------------------------------------------------
@@ -62,6 +45,19 @@ def test_ratio_check_alternates_the_two_sides():
     assert order == ["base", "mine", "base", "mine"]
 
 
+def test_recording_collects_grades_and_times_failing_code_only_when_asked(capsys):
+    """recording() sees each grade's ratio and round spread; time_failing lets a failed mechanism through inside
+    its block only (the margins script times starters so), never outside it."""
+    with exercise.recording() as grades:
+        exercise.grade("Ex", [4.0, 3.0, 5.0], [2.0, 1.0, 2.0], target=3.0)
+        assert exercise.mechanism("Ex", ["a problem"]) is False
+    assert [(g["ratio"], g["low"], g["high"], g["passed"]) for g in grades] == [(2.0, 2.0, 3.0, False)]
+    with exercise.recording(time_failing=True):
+        assert exercise.mechanism("Ex", ["a problem"]) is True
+    assert exercise.mechanism("Ex", ["a problem"]) is False
+    assert "timed anyway" in capsys.readouterr().out
+
+
 def test_forbidden_sees_calls_through_imported_names():
     """A function imported into a learner's namespace is still caught (the check watches the code object)."""
     from course_lib.data import crop_flip
@@ -77,7 +73,7 @@ def test_forbidden_sees_calls_through_imported_names():
 
 # ---- lesson 01: the learner's loop ------------------------------------------------------------------------------
 def test_01_starter_misses_the_loss_bar():
-    assert exercise_training.check_01_loop(cell("01", "# EXERCISE 1")["train"], measure=False) is False
+    assert exercise_training.check_01_loop(exercise.starter("01", 1)["train"], measure=False) is False
 
 
 def test_01_shortcuts_fail():
@@ -112,7 +108,7 @@ def test_02_starter_and_shortcuts_fail():
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
 
-    starter = cell("02", "# EXERCISE 3")["trainer_settings"]
+    starter = exercise.starter("02", 3)["trainer_settings"]
     assert exercise_training.check_02_trainer(starter, measure=False) is False  # anomaly detection still on
     assert exercise_training.check_02_trainer(lambda: dict(barebones=True), measure=False) is False
     no_logs = lambda: dict(logger=False, enable_checkpointing=False)  # noqa: E731
@@ -131,7 +127,7 @@ def test_02_solution_passes_the_mechanism():
 def test_03_starter_and_library_pipeline_fail():
     from course_lib import runs
 
-    assert exercise_data.check_03_data_wait(cell("03", "# EXERCISE 1")["make_data"], measure=False) is False
+    assert exercise_data.check_03_data_wait(exercise.starter("03", 1)["make_data"], measure=False) is False
     library = lambda b, s: runs.datamodule("03_gpu_and_data", batch_size=b)  # noqa: E731
     assert exercise_data.check_03_data_wait(library, measure=False) is False
 
@@ -159,7 +155,7 @@ def test_07_starter_and_shortcuts_fail():
     from course_lib import compress
 
     net, calib, held = _07_inputs()
-    starter = cell("07", "# EXERCISE 2")["quantize"]
+    starter = exercise.starter("07", 2)["quantize"]
     for quantize in (starter, lambda m, c: compress.quantize_ptq(m, c), lambda m, c: compress.export(m).module(),
                      lambda m, c: compress.quantize_linear_int8(m)):
         assert exercise_hardware.check_07_inference(quantize, net, calib, held, measure=False) is False
@@ -175,7 +171,7 @@ def test_07_solution_graph_holds_int8_ops():
 def test_08_starter_and_shortcuts_fail():
     from course_lib import data
 
-    starter = cell("08", "# EXERCISE 2")["augment"]
+    starter = exercise.starter("08", 2)["augment"]
     assert exercise_data.check_08_batch_augment(starter, measure=False) is False  # one image at a time
     kernel = lambda x, s, f, p: data.crop_flip(data.to_float(x), s, f, p, mode="reflect")  # noqa: E731
     assert exercise_data.check_08_batch_augment(kernel, measure=False) is False

@@ -6,38 +6,20 @@ from __future__ import annotations
 
 import json
 import re
-import runpy
 from pathlib import Path
 
 import pytest
-import torch
 
-from course_lib import exercise_data, exercise_hardware, exercise_training
+from course_lib import exercise, exercise_data, exercise_hardware, exercise_training
+from course_lib.exercise import solution
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-MARK = re.compile(r"^# (EXERCISE|CHECK) (\d+)\b")
 NUMBERED = re.compile(r'^# (?:EXERCISE|CHECK) (\d+)\b|"Exercise (\d+)"', re.M)
 GENEROUS = 0.5  # "not slower than half the baseline": a loaded 2-core machine cannot break it, a broken solution does
 
 
-def exercise_cells(path: Path) -> dict[str, dict[str, str]]:
-    """{exercise number: {"EXERCISE": starter source, "CHECK": check source}} of one lesson."""
-    found: dict[str, dict[str, str]] = {}
-    for cell in json.loads(path.read_text())["cells"]:
-        src = "".join(cell["source"])
-        m = MARK.match(src) if cell["cell_type"] == "code" else None
-        if m:
-            found.setdefault(m.group(2), {})[m.group(1)] = src
-    return found
-
-
 LESSONS = sorted(NOTEBOOKS.glob("0[0-8]_*.ipynb"))
-CASES = [(p, n) for p in LESSONS for n in exercise_cells(p)]
-
-
-def solution(stem: str) -> dict:
-    """The reference solution's namespace."""
-    return runpy.run_path(str(NOTEBOOKS / "solutions" / f"{stem}.py"))
+CASES = [(p, n) for p in LESSONS for n in exercise.exercise_cells(p)]
 
 
 def test_lessons_keep_their_measured_exercises():
@@ -45,7 +27,7 @@ def test_lessons_keep_their_measured_exercises():
     lessons = {p.stem for p, _ in CASES}
     assert lessons >= {p.stem for p in LESSONS if not p.stem.startswith("00")}
     for path, number in CASES:
-        cells = exercise_cells(path)[number]
+        cells = exercise.exercise_cells(path)[number]
         assert set(cells) == {"EXERCISE", "CHECK"}, f"{path.name} exercise {number}"
         assert "solutions" not in cells["CHECK"]
         assert (NOTEBOOKS / "solutions" / f"{path.stem}.py").exists()
@@ -104,25 +86,9 @@ def test_06_solution_measured():
 
 def test_07_solution_measured_through_a_trained_network():
     """A quickly trained ResNet-9 (width 8, 48 steps) and real held-out images: the agreement bar is the lesson's."""
-    import torch.nn.functional as F
-
-    from course_lib import runs
-    from course_lib.models import ResNet9
-
-    dm = runs.datamodule("07_quantization", batch_size=64, seed=0)
-    dm.prepare_data()
-    dm.setup("fit")
-    torch.manual_seed(0)
-    net = ResNet9(width=8)
-    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9, nesterov=True)
-    batches = list(dm.train_dataloader())[:16]  # a weakly trained net has near-even logits: three passes
-    for x, y in batches * 3:
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(net(x), y).backward()
-        opt.step()
-    calib = [x for x, _ in batches[:4]]
-    assert exercise_hardware.check_07_inference(solution("07_quantization")["quantize"], net.eval(), calib,
-                                                dm.test_dataloader(), target=GENEROUS) is True
+    net, calib, held_out = exercise_hardware.inputs_07()
+    assert exercise_hardware.check_07_inference(solution("07_quantization")["quantize"], net, calib, held_out,
+                                                target=GENEROUS) is True
 
 
 def test_08_solution_measured():
