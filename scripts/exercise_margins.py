@@ -14,7 +14,7 @@ import contextlib
 import io
 import time
 
-from course_lib import config, exercise, exercise_data, exercise_hardware, exercise_training, hardware
+from course_lib import config, exercise, exercise_data, exercise_hardware, exercise_training, hardware, runs
 
 MIN_MARGIN = 1.25  # issue 20: each solution clears its bar by at least this factor
 
@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lessons", nargs="*", default=sorted(EXERCISES), choices=sorted(EXERCISES))
     args = parser.parse_args(argv)
+    runs.quiet_lightning()
     size = config.run_size().name
     start = time.perf_counter()
     print(f"Exercise margins on {hardware.label()}, run size {size} (ratio: baseline's cost / yours, median of the "
