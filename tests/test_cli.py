@@ -180,3 +180,27 @@ def test_explicit_backbone_that_contradicts_the_checkpoint_is_an_error(cli, caps
     assert stop.value.code == 1
     err = capsys.readouterr().err
     assert "--model.backbone simple_cnn contradicts" in err and "backbone=lenet" in err
+
+
+def test_every_keyword_only_setting_is_set_from_yaml_and_from_a_flag(tmp_path, capsys, monkeypatch):
+    """ImageClassifierModule's and CIFAR10DataModule's keyword-only settings all reach LightningCLI's config: a YAML
+    value and a command-line flag each override the default (print_config shows the parsed result)."""
+    import inspect
+
+    from course_lib.cli import main
+    from course_lib.data import CIFAR10DataModule
+    from course_lib.modules import ImageClassifierModule
+
+    monkeypatch.setattr(sys, "argv", ["course_lib"])  # pytest's own flags are not the CLI's
+    yaml_file = tmp_path / "over.yaml"
+    yaml_file.write_text("model:\n  momentum: 0.8\n  warmup_fraction: 0.3\ndata:\n  seed: 7\n  val_fraction: 0.2\n")
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", "--config", str(REPO / "configs/lenet.yaml"), "--config", str(yaml_file), "--model.lr", "0.123",
+              "--data.test_fraction", "0.15", "--print_config"])
+    assert stop.value.code == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    for cls, section in ((ImageClassifierModule, "model"), (CIFAR10DataModule, "data")):
+        keyword_only = [p.name for p in inspect.signature(cls).parameters.values() if p.kind is p.KEYWORD_ONLY]
+        assert len(keyword_only) >= 11 and set(keyword_only) <= set(cfg[section])
+    assert (cfg["model"]["momentum"], cfg["model"]["warmup_fraction"], cfg["model"]["lr"]) == (0.8, 0.3, 0.123)
+    assert (cfg["data"]["seed"], cfg["data"]["val_fraction"], cfg["data"]["test_fraction"]) == (7, 0.2, 0.15)
