@@ -36,13 +36,14 @@ def lr_factor(step: int, total: int, warmup: float = 0.23, start: float = 0.2, e
     return 1 + (end - 1) * min(1.0, (step - peak) / max(1, total - peak))
 
 
-def make_speedrun_optimizer(net: nn.Module, total_steps: int, batch_size: int, lr: float, momentum: float,
+def make_speedrun_optimizer(net: nn.Module, *, total_steps: int, batch_size: int, lr: float, momentum: float,
                             weight_decay: float, bias_scale: float, warmup: float):
     """Nesterov SGD with BatchNorm biases at bias_scale x the LR, and its per-step warm-up/decay schedule.
 
     lr and weight_decay are given for batch 1024 and scale linearly with the batch (a fixed rate per image);
     weight_decay is lr x SGD's decay, the shrink it adds per step at peak LR, kept equal in both groups."""
-    norm = {id(p) for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) for p in m.parameters()}
+    batchnorms = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+    norm = {id(p) for m in net.modules() if isinstance(m, batchnorms) for p in m.parameters()}
     params = [p for p in net.parameters() if p.requires_grad]
     biases, weights = [p for p in params if id(p) in norm], [p for p in params if id(p) not in norm]
     lr = lr * batch_size / 1024

@@ -3,21 +3,25 @@ augmentation. tests/test_fidelity.py checks it against a port of airbench94, pie
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import nn
-from torchmetrics import MeanMetric
 
-from . import config, runs
-from .models import WIDTHS, AirNet, init_whitening, top1_accuracy
+from . import hardware, runs
+from .data import to_float
+from .metrics import mean_loss, top1_accuracy
+from .models import WIDTHS, AirNet, init_whitening
 from .modules import ClassifierSystem
 from .ondevice import DeviceBatches
 from .optim import Lookahead, lookahead_decay, make_speedrun_optimizer
 from .timing import DeviceTimer
+
+#: airbench94 sets its whitening filters from the first 5,000 training images
+WHITEN_IMAGES = 5000
 
 #: airbench94's training length: ceil(9.9 x steps per epoch) steps (426 of batch 1024 on 45,000 images)
 EPOCHS = 9.9
@@ -34,7 +38,7 @@ def total_steps(epochs: float, steps_per_epoch: int) -> int:
 
 @dataclass(frozen=True)
 class Recipe:
-    """The speedrun's settings: SpeedrunModule's hyperparameters (its defaults come from here) and the twin's."""
+    """The speedrun's settings, their one home: SpeedrunModule's one hyperparameter and the twin's."""
 
     widths: tuple[int, int, int] = WIDTHS  # channels of AirNet's three conv groups
     batch_size: int = 1024  # images per step; lr and weight_decay below are per batch 1024 and scale with it
@@ -59,6 +63,23 @@ class Recipe:
                              f"{self.lookahead_every}, {self.whiten_bias_epochs}, {self.tta_level}, {self.batch_size}.")
 
 
+# a checkpoint's hyper_parameters hold the Recipe: let torch.load(weights_only=True), which load_from_checkpoint uses,
+# rebuild this class (and only this one) besides tensors and primitive types
+torch.serialization.add_safe_globals([Recipe])
+
+
+def recipe_optimizer(net: nn.Module, recipe: Recipe, total_steps: int):
+    """make_speedrun_optimizer with the recipe's settings: the module's and the twin's one optimiser and schedule."""
+    return make_speedrun_optimizer(net, total_steps=total_steps, batch_size=recipe.batch_size, lr=recipe.lr,
+                                   momentum=recipe.momentum, weight_decay=recipe.weight_decay,
+                                   bias_scale=recipe.bias_scale, warmup=recipe.warmup)
+
+
+def whiten_from(net: AirNet, images: torch.Tensor) -> None:
+    """Set net's whitening filters from uint8 training images (N, 3, 32, 32), the first WHITEN_IMAGES as airbench94."""
+    init_whitening(net, to_float(images[:WHITEN_IMAGES]))
+
+
 @torch.no_grad()
 def tta_logits(model: nn.Module, x: torch.Tensor, level: int = 2) -> torch.Tensor:
     """Logits averaged over views: level 0 the image, 1 + its mirror, 2 + both shifted 1 px down-right and up-left."""
@@ -78,13 +99,13 @@ AMP_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}  # autoca
 
 
 @torch.no_grad()
-def evaluate_tta(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, level: int = 2,
-                 batch_size: int = 1000, bf16: bool = False, precision: str | None = None) -> float:
+def evaluate_tta(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, level: int = 2,
+                 batch_size: int = 1000, precision: str = "32-true") -> float:
     """Accuracy of model on uint8 images (N, 3, H, W) with test-time augmentation; one host sync at the end.
-    Autocast in `precision`'s dtype (bf16=True: bf16-mixed), as training ran."""
+    Autocast in `precision`'s dtype (a Lightning precision), as training ran."""
     if level not in (0, 1, 2):
         raise ValueError(f"TTA level must be 0 (none), 1 (mirror) or 2 (mirror + shifts), got {level}.")
-    dtype = AMP_DTYPES.get(precision or ("bf16-mixed" if bf16 else "32-true"))
+    dtype = AMP_DTYPES.get(precision)
     was_training, acc = model.training, top1_accuracy().to(images.device)
     model.eval()
     with torch.autocast(images.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
@@ -97,29 +118,21 @@ def evaluate_tta(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, l
 class SpeedrunModule(ClassifierSystem):
     """The airbench-style recipe: label smoothing, Nesterov SGD with warm-up/decay, bias LR, lookahead, TTA.
 
-    whiten_images: uint8 training images (N, 3, 32, 32) that set the whitening layer when a fit starts on an
-    unwhitened net (for example SpeedrunDataModule's train_set.images); not a hyperparameter, so not saved."""
+    recipe: every setting, kept as .recipe and recorded by save_hyperparameters, so checkpoints reload it
+    (load_from_checkpoint) and LightningCLI sets its fields (--model.recipe.lr 0.5, or model: {recipe: {lr: 0.5}}).
+    widths, label_smoothing, channels_last and compile build the module; the others are read when used, so
+    module.recipe = dataclasses.replace(module.recipe, tta_level=2) changes the next test.
+    An unwhitened net is whitened when a fit starts, from the training batches' images (DeviceBatches.images,
+    e.g. SpeedrunDataModule's train_dataloader())."""
 
-    def __init__(self, widths: tuple[int, int, int] = Recipe.widths, batch_size: int = Recipe.batch_size,
-                 label_smoothing: float = Recipe.label_smoothing, lr: float = Recipe.lr,
-                 momentum: float = Recipe.momentum, weight_decay: float = Recipe.weight_decay,
-                 bias_scale: float = Recipe.bias_scale, warmup: float = Recipe.warmup,
-                 lookahead_every: int = Recipe.lookahead_every, tta_level: int = Recipe.tta_level,
-                 whiten_bias_epochs: int = Recipe.whiten_bias_epochs, channels_last: bool = Recipe.channels_last,
-                 compile: bool = Recipe.compile, whiten_images: torch.Tensor | None = None):
-        recipe = Recipe(widths, batch_size, label_smoothing, lr, momentum, weight_decay, bias_scale, warmup,
-                        lookahead_every, tta_level, whiten_bias_epochs, channels_last, compile)  # validates
-        super().__init__(AirNet(recipe.widths), 10, label_smoothing, channels_last, compile)
-        self.save_hyperparameters(ignore=["whiten_images"])
-        self.whiten_images, self.step_losses, self.lookahead = whiten_images, [], None
-
-    @property
-    def recipe(self) -> Recipe:
-        """The hyperparameters as a Recipe (the twin's settings); changing hparams changes it."""
-        return Recipe(**{f.name: self.hparams[f.name] for f in fields(Recipe)})
+    def __init__(self, recipe: Recipe = Recipe()):
+        super().__init__(AirNet(recipe.widths), num_classes=10, label_smoothing=recipe.label_smoothing,
+                         channels_last=recipe.channels_last, compile=recipe.compile)
+        self.save_hyperparameters()  # Lightning's record for checkpoints (under LightningCLI, the parsed config)
+        self.recipe, self.step_losses, self.lookahead = recipe, [], None
 
     def _logits(self, x: torch.Tensor, stage: str) -> torch.Tensor:
-        return tta_logits(self, x, self.hparams.tta_level) if stage == "test" else self(x)
+        return tta_logits(self, x, self.recipe.tta_level) if stage == "test" else self(x)
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         loss = self._shared_step(batch, "train")
@@ -127,34 +140,35 @@ class SpeedrunModule(ClassifierSystem):
         return loss
 
     def configure_optimizers(self):
-        hp, total = self.hparams, int(self.trainer.estimated_stepping_batches)
         self.net.whiten.bias.requires_grad_(True)  # a new fit trains it again, though the last one froze it
-        opt, sched = make_speedrun_optimizer(self.net, total, hp.batch_size, hp.lr, hp.momentum, hp.weight_decay,
-                                             hp.bias_scale, hp.warmup)
+        opt, sched = recipe_optimizer(self.net, self.recipe, int(self.trainer.estimated_stepping_batches))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def on_train_start(self) -> None:
         if not bool(self.net.whitened):  # one host read, before the first step
-            if self.whiten_images is None:
-                raise ValueError("SpeedrunModule sets its whitening layer from training images before the first "
-                                 "step: pass whiten_images=<uint8 (N, 3, 32, 32) training images>, e.g. "
-                                 "SpeedrunDataModule's train_set.images, or call models.init_whitening first.")
-            init_whitening(self.net, self.whiten_images)
-        self.lookahead = Lookahead(self.net) if self.hparams.lookahead_every else None
+            images = getattr(self.trainer.train_dataloader, "images", None)  # the data's, not a hyperparameter
+            if images is None:
+                raise ValueError("SpeedrunModule sets its whitening layer from the training images before the first "
+                                 "step, and these training batches have no .images: train on DeviceBatches (e.g. "
+                                 "SpeedrunDataModule's train_dataloader()), or call speedrun.whiten_from(module.net, "
+                                 "<uint8 (N, 3, 32, 32) training images>) first.")
+            whiten_from(self.net, images)
+        self.lookahead = Lookahead(self.net) if self.recipe.lookahead_every else None
         self.step_losses, self.total_steps = [], int(self.trainer.estimated_stepping_batches)
 
     def on_train_epoch_start(self) -> None:
-        train_bias = self.current_epoch < self.hparams.whiten_bias_epochs  # then frozen: a settled input shift
+        train_bias = self.current_epoch < self.recipe.whiten_bias_epochs  # then frozen: a settled input shift
         self.net.whiten.bias.requires_grad_(train_bias)
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
-        if batch_idx == 0 and len(batch[1]) != self.hparams.batch_size:  # the LR is scaled for this batch size
-            raise ValueError(f"The training batches hold {len(batch[1])} images but batch_size="
-                             f"{self.hparams.batch_size} sets the learning rate: pass batch_size={len(batch[1])} "
+        expected = self.recipe.batch_size
+        if batch_idx == 0 and len(batch[1]) != expected:  # the LR is scaled for this batch size
+            raise ValueError(f"The training batches hold {len(batch[1])} images but the recipe's batch_size="
+                             f"{expected} sets the learning rate: pass Recipe(batch_size={len(batch[1])}, ...) "
                              f"to SpeedrunModule.")
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
-        step, every = self.trainer.global_step, self.hparams.lookahead_every  # global_step counts this step
+        step, every = self.trainer.global_step, self.recipe.lookahead_every  # global_step counts this step
         if self.lookahead is not None and step % every == 0:
             self.lookahead.update(lookahead_decay(step, self.total_steps))
 
@@ -166,7 +180,7 @@ class SpeedrunModule(ClassifierSystem):
 def fresh_weights(module: SpeedrunModule, seed: int) -> None:
     """Load the initial weights of an AirNet built under `seed` into the module's net, in place (compiled stays so)."""
     L.seed_everything(seed, verbose=False)
-    module.net.load_state_dict(AirNet(module.hparams.widths).state_dict())  # copies into the existing tensors
+    module.net.load_state_dict(AirNet(module.recipe.widths).state_dict())  # copies into the existing tensors
 
 
 def make_trainer(epochs: float, precision: str | None = None, steps_per_epoch: int | None = None,
@@ -180,7 +194,7 @@ def make_trainer(epochs: float, precision: str | None = None, steps_per_epoch: i
                          f"can stop after ceil(epochs x steps_per_epoch) steps.")
     steps = total_steps(epochs, steps_per_epoch) if steps_per_epoch else -1
     kwargs = {"max_epochs": math.ceil(epochs), "max_steps": steps, **kwargs}
-    if config.choose_precision(precision) == "16-mixed" and (kwargs.get("accelerator") == "cpu"
+    if hardware.choose_precision(precision) == "16-mixed" and (kwargs.get("accelerator") == "cpu"
                                                              or not torch.cuda.is_available()):
         # the policy chose fp16 (a GPU without bf16, emulated on a CPU by the tests): Lightning would quietly swap
         # 16-mixed for bf16-mixed on a CPU, so its fp16 plugin is passed explicitly, with the GradScaler("cpu")
@@ -189,65 +203,68 @@ def make_trainer(epochs: float, precision: str | None = None, steps_per_epoch: i
     return runs.trainer(None, precision, timing=True, **kwargs)
 
 
-def train_twin(net: AirNet, batches: DeviceBatches, epochs: float, recipe: Recipe = Recipe(),
-               precision: str | None = None) -> dict:
-    """Plain-PyTorch twin of SpeedrunModule: same optimiser, schedule, lookahead and metrics, no Lightning.
+class Twin:
+    """Plain-PyTorch twin of SpeedrunModule: same net, optimiser, schedule, lookahead and metrics, no Lightning.
 
-    Whitens from the batches' images (unless net is whitened already); fractional epochs stop after
-    total_steps(epochs, len(batches)) steps. A net compiled by an earlier call stays compiled (not recompiled).
-    Returns per-step losses (tensor), per-epoch seconds and the trained net."""
-    precision = config.choose_precision(precision)  # clear error if this hardware lacks it
-    if batches.batch_size != recipe.batch_size:
-        raise ValueError(f"The batches hold {batches.batch_size} images but the recipe's batch_size is "
-                         f"{recipe.batch_size}: pass Recipe(batch_size={batches.batch_size}, ...).")
-    dtype, device, r = AMP_DTYPES.get(precision), batches.images.device, recipe
-    # fp16 (a T4's choice) needs loss scaling, as Lightning's 16-mixed does: GradScaler on this device type
-    scaler = torch.amp.GradScaler(device.type, enabled=precision == "16-mixed")
-    net = net.to(device).train()
-    net = net.to(memory_format=torch.channels_last) if r.channels_last else net
-    if not bool(net.whitened):
-        init_whitening(net, batches.images)
-    if r.compile and getattr(net, "_compiled_call_impl", None) is None:
-        net.compile()
-    total = total_steps(epochs, len(batches))
-    net.whiten.bias.requires_grad_(True)  # in the optimiser even if an earlier run froze it
-    opt, sched = make_speedrun_optimizer(net, total, r.batch_size, r.lr, r.momentum, r.weight_decay, r.bias_scale,
-                                         r.warmup)
-    criterion = nn.CrossEntropyLoss(label_smoothing=r.label_smoothing)
-    # nan_strategy="disable", as the module's metrics: the default NaN check is a host sync (`if nans.any()`) per update
-    acc, mean_loss = top1_accuracy().to(device), MeanMetric(nan_strategy="disable").to(device)
-    lookahead, timer = (Lookahead(net) if r.lookahead_every else None), DeviceTimer(device)
-    losses, marks, step = [], [], 0
-    for epoch in range(math.ceil(epochs)):
-        batches.set_epoch(epoch)
-        net.whiten.bias.requires_grad_(epoch < r.whiten_bias_epochs)
-        marks.append(timer.mark())
-        for x, y in batches:
-            x = x.contiguous(memory_format=torch.channels_last) if r.channels_last else x
-            with torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-                logits = net(x)
-                loss = criterion(logits, y)
-            acc.update(logits.detach(), y)  # the module's per-step metric work, so the timings compare
-            mean_loss.update(loss.detach().expand(len(y)))
-            opt.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()  # disabled: loss.backward(), opt.step()
-            scaler.step(opt)
-            scaler.update()
-            sched.step()
-            step += 1
-            losses.append(loss.detach())
-            if lookahead is not None and step % r.lookahead_every == 0:
-                lookahead.update(lookahead_decay(step, total))
-            if step == total:  # a fractional last epoch ends here
-                break
-        acc.compute(), mean_loss.compute(), acc.reset(), mean_loss.reset()  # read once per epoch, as the module logs
-        marks.append(timer.mark())
-    if lookahead is not None:
-        lookahead.update(1.0)
-    epoch_s = [timer.seconds(a, b) for a, b in zip(marks[::2], marks[1::2])]
-    return {"losses": torch.stack(losses).float().cpu(), "epoch_s": epoch_s, "net": net, "recipe": asdict(r),
-            "precision": precision, "loss_scale": scaler.get_scale() if scaler.is_enabled() else None}
+    Built once, as the module is: channels_last and, when the recipe compiles, one handle from torch.compile(net)
+    kept for every fit (its graphs are reused, never rebuilt). Load new weights into .net in place between fits."""
+
+    def __init__(self, net: AirNet, recipe: Recipe = Recipe()):
+        self.recipe = recipe
+        self.net = net.to(memory_format=torch.channels_last) if recipe.channels_last else net
+        self.forward = torch.compile(self.net) if recipe.compile else self.net  # shares .net's parameters
+
+    def fit(self, batches: DeviceBatches, epochs: float, precision: str | None = None) -> dict:
+        """Train on the batches: whitens from their images (unless .net is whitened already); fractional epochs stop
+        after total_steps(epochs, len(batches)) steps. Returns per-step losses (tensor), per-epoch seconds, the net."""
+        precision, r = hardware.choose_precision(precision), self.recipe  # clear error if this hardware lacks it
+        if batches.batch_size != r.batch_size:
+            raise ValueError(f"The batches hold {batches.batch_size} images but the recipe's batch_size is "
+                             f"{r.batch_size}: pass Recipe(batch_size={batches.batch_size}, ...).")
+        dtype, device, net = AMP_DTYPES.get(precision), batches.images.device, self.net.to(batches.images.device)
+        # fp16 (a T4's choice) needs loss scaling, as Lightning's 16-mixed does: GradScaler on this device type
+        scaler = torch.amp.GradScaler(device.type, enabled=precision == "16-mixed")
+        net.train()
+        if not bool(net.whitened):
+            whiten_from(net, batches.images)
+        total = total_steps(epochs, len(batches))
+        net.whiten.bias.requires_grad_(True)  # in the optimiser even if an earlier run froze it
+        opt, sched = recipe_optimizer(net, r, total)
+        criterion = nn.CrossEntropyLoss(label_smoothing=r.label_smoothing)
+        # as the module's metrics: no host sync per update (mean_loss has no NaN check)
+        acc, loss_mean = top1_accuracy().to(device), mean_loss().to(device)
+        lookahead, timer = (Lookahead(net) if r.lookahead_every else None), DeviceTimer(device)
+        losses, marks, step = [], [], 0
+        for epoch in range(math.ceil(epochs)):
+            batches.set_epoch(epoch)
+            net.whiten.bias.requires_grad_(epoch < r.whiten_bias_epochs)
+            marks.append(timer.mark())
+            for x, y in batches:
+                x = x.contiguous(memory_format=torch.channels_last) if r.channels_last else x
+                with torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+                    logits = self.forward(x)
+                    loss = criterion(logits, y)
+                acc.update(logits.detach(), y)  # the module's per-step metric work, so the timings compare
+                loss_mean.update(loss.detach().expand(len(y)))
+                opt.zero_grad(set_to_none=True)
+                scaler.scale(loss).backward()  # disabled: loss.backward(), opt.step()
+                scaler.step(opt)
+                scaler.update()
+                sched.step()
+                step += 1
+                losses.append(loss.detach())
+                if lookahead is not None and step % r.lookahead_every == 0:
+                    lookahead.update(lookahead_decay(step, total))
+                if step == total:  # a fractional last epoch ends here
+                    break
+            acc.compute(), loss_mean.compute(), acc.reset(), loss_mean.reset()  # once per epoch, as the module logs
+            marks.append(timer.mark())
+        if lookahead is not None:
+            lookahead.update(1.0)
+        epoch_s = [timer.seconds(a, b) for a, b in zip(marks[::2], marks[1::2])]
+        return {"losses": torch.stack(losses).float().cpu(), "epoch_s": epoch_s, "net": net, "recipe": asdict(r),
+                "precision": precision, "loss_scale": scaler.get_scale() if scaler.is_enabled() else None}
 
 
-__all__ = ["EPOCHS", "total_steps", "Recipe", "tta_logits", "evaluate_tta", "SpeedrunModule", "fresh_weights",
-           "make_trainer", "train_twin"]
+__all__ = ["EPOCHS", "WHITEN_IMAGES", "total_steps", "Recipe", "recipe_optimizer", "whiten_from", "tta_logits",
+           "evaluate_tta", "SpeedrunModule", "fresh_weights", "make_trainer", "Twin"]

@@ -69,7 +69,7 @@ def test_whitening_filters_match_airbench(real):
     the sign eigh happens to give each pair (which swaps a filter with its negative); the bias is zero."""
     images, _ = real
     net, port = AirNet(SMALL), ab.make_net(SMALL)
-    init_whitening(net, images)
+    init_whitening(net, to_float(images))
     ab.init_whitening_conv(port[0], to_float(images))
     mine, theirs = net.whiten.weight.flatten(1), port[0].weight.flatten(1)
     sign = (mine[:12] * theirs[:12]).sum(1).sign()[:, None]
@@ -124,7 +124,7 @@ def test_tta_matches_airbench_weights(real):
     """Level 2 TTA: 1/2 plain-and-mirror, 1/4 each 1-px reflect-padded shift with its mirror, as airbench's infer."""
     images, _ = real
     net = AirNet(SMALL).eval()
-    init_whitening(net, images)
+    init_whitening(net, to_float(images))
     theirs = ab.infer(net, ab.Loader(images[:16], None, 16, train=False), tta_level=2)
     torch.testing.assert_close(speedrun.tta_logits(net, to_float(images[:16]), 2), theirs, rtol=1e-5, atol=1e-5)
 
@@ -142,7 +142,7 @@ class Replay(ab.Loader):
 
 
 class TwinReplay:
-    """The same batches in DeviceBatches' shape for speedrun.train_twin."""
+    """The same batches in DeviceBatches' shape for speedrun.Twin.fit."""
 
     def __init__(self, images, batches):
         self.images, self.recorded, self.epoch = images, batches, 0
@@ -178,9 +178,8 @@ def test_training_matches_airbench_step_for_step(real, smoothing, bias_lr):
     ab.init_whitening_conv(filters, to_float(images))  # airbench's filters (its signs), so the nets start equal
     net.whiten.weight.data.copy_(filters.weight)
     net.whitened.fill_(True)
-    twin = speedrun.train_twin(net, TwinReplay(images, batches), epochs,
-                               Recipe(SMALL, batch_size=12, lookahead_every=0, label_smoothing=smoothing,
-                                      bias_scale=bias_lr, **common), "32-true")
+    recipe = Recipe(SMALL, batch_size=12, lookahead_every=0, label_smoothing=smoothing, bias_scale=bias_lr, **common)
+    twin = speedrun.Twin(net, recipe).fit(TwinReplay(images, batches), epochs, "32-true")
     assert len(twin["losses"]) == len(port["losses"]) == 10 and port["losses"].std() > 1e-3
     torch.testing.assert_close(twin["losses"], port["losses"], rtol=1e-4, atol=1e-5)
     assert_same_state(net, port["model"], rtol=1e-4, atol=1e-5)
