@@ -16,7 +16,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from . import config, runs
+from . import config, hardware, runs
 from .data import CIFAR10DataModule
 from .modules import ImageClassifierModule
 
@@ -149,21 +149,21 @@ class CourseCLI(LightningCLI):
 
     @staticmethod
     def _checked_precision(precision, accelerator):
-        """An explicit precision goes through the course's policy (config.choose_precision): one this hardware lacks
+        """An explicit precision goes through the course's policy (hardware.choose_precision): one this hardware lacks
         is an error naming the alternative, never Lightning's silent fallback (16-mixed on a CPU runs bf16)."""
         name = PRECISION_ALIASES.get(str(precision), str(precision))
-        if precision is None or name not in config.PRECISIONS:
+        if precision is None or name not in hardware.PRECISIONS:
             return precision  # Lightning's default (32-true), or a setting the policy does not cover (64-true, ...)
-        info = config.hardware()
+        info = hardware.facts()
         if str(accelerator).lower() == "cpu":
             info = {**info, "gpu": None}  # a CPU run on a GPU machine follows the CPU's rules
-        return config.choose_precision(name, info)
+        return hardware.choose_precision(name, info)
 
     def before_instantiate_classes(self) -> None:
         """Check the devices and precision against this machine, and point the outputs at the run folder."""
         cfg = self.config[self.subcommand] if self.subcommand else self.config
         trainer = cfg.trainer
-        config.check_devices(trainer.accelerator, trainer.devices)
+        hardware.check_devices(trainer.accelerator, trainer.devices)
         trainer.precision = self._checked_precision(trainer.precision, trainer.accelerator)
         self._check_explicit_model_flags(cfg)
         if self.subcommand in ("test", "validate", "predict") and cfg.data.get("test_folder") and not cfg.model.classes:

@@ -32,7 +32,6 @@ from .timing import time_calls
 BATCH = torch.export.Dim("batch", min=1, max=4096)
 #: exporting with a batch of 1 would specialise the graph to 1; two images keep the dimension symbolic
 EXAMPLE_BATCH = 2
-CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
 
 
 def example_input(batch: int = EXAMPLE_BATCH, shape=(3, 32, 32)) -> torch.Tensor:
@@ -46,12 +45,6 @@ def export(model: nn.Module, example: torch.Tensor | None = None) -> torch.expor
     return torch.export.export(model, (example,), dynamic_shapes=({0: BATCH},))
 
 
-def has_vnni() -> bool:
-    """Whether this CPU has one-instruction int8 dot products (AVX-512 VNNI, AVX-VNNI or AMX)."""
-    flags = cpu_flags()
-    return any(flags.get(f, False) for f in ("avx512_vnni", "avx_vnni", "amx_int8"))
-
-
 def x86_quantizer(is_qat: bool = False, reduce_range: bool | None = None) -> X86InductorQuantizer:
     """Static int8 recipe for x86 CPUs: per-channel symmetric int8 weights, per-tensor uint8 activations.
 
@@ -61,7 +54,7 @@ def x86_quantizer(is_qat: bool = False, reduce_range: bool | None = None) -> X86
     torchao 0.18's Inductor weight-prepack pass stops with an AssertionError (in `qconv`, postop_name) on a
     quantized max-pool that feeds a residual add, as in ResNet9; unquantized max-pools avoid it at the cost of one
     dequantize/quantize pair around each pool."""
-    reduce_range = not has_vnni() if reduce_range is None else reduce_range
+    reduce_range = not hardware.cpu_int8_native() if reduce_range is None else reduce_range
     config = get_default_x86_inductor_quantization_config(is_qat=is_qat, reduce_range=reduce_range)
     quantizer = X86InductorQuantizer().set_global(config)
     return quantizer.set_module_type_qconfig(nn.MaxPool2d, None)
@@ -229,12 +222,3 @@ def accuracy(model, loader) -> float:
         acc.update(model(x), y)
     return acc.compute().item()
 
-
-def cpu_flags() -> dict[str, bool]:
-    """Which of the SIMD/matrix extensions that decide int8 speed this CPU reports in /proc/cpuinfo (Linux)."""
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return {}
-    present = set(flags.split(":", 1)[1].split())
-    return {f: f in present for f in CPU_FLAGS}

@@ -77,7 +77,7 @@ def check_03_data_wait(make_data: Callable, target: float = 1.5, max_wait: float
     waiting a fraction w of the time, no pipeline trains more than 1 / (1 - w) times faster.)"""
     import torch
 
-    from . import bench, config
+    from . import bench, config, hardware
     from .jpeg import JpegDataModule
     from .models import LeNet
     from .modules import ImageClassifierModule
@@ -102,7 +102,7 @@ def check_03_data_wait(make_data: Callable, target: float = 1.5, max_wait: float
         waits.append(bench.bench(ImageClassifierModule(LeNet()), make_data(batch_size, subset), "check", steps=steps,
                                  warmup=2)["data_wait"])
     fast = grade("Exercise 1 (batches delivered)", base, mine, target, what="time per batch",
-                 hardware=config.hardware_label())
+                 hardware=hardware.label())
     wait = statistics.median(waits)
     fed = wait < max_wait
     print(f"Exercise 1 (data wait): LeNet training on your pipeline waits {wait:.0%} of the time (target < "
@@ -134,7 +134,7 @@ def check_08_batch_augment(augment: Callable, target: float = 3.0, pad: int = 2,
     >= `target`x less time, timed alternately in this run."""
     import torch
 
-    from . import config, data, ondevice, timing
+    from . import data, hardware, ondevice, timing
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(0)
@@ -163,4 +163,4 @@ def check_08_batch_augment(augment: Callable, target: float = 3.0, pad: int = 2,
         return min(timing.time_calls(lambda: fn(x, shifts, flips, pad)))
 
     return ratio_check("Exercise 2 (batch augmentation)", lambda: cost(augment), lambda: cost(per_image_augment),
-                       target, repeats=3, what="time per batch", hardware=config.hardware_label())
+                       target, repeats=3, what="time per batch", hardware=hardware.label())

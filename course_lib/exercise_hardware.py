@@ -24,7 +24,7 @@ def check_04_activation_memory(train_step: Callable, batch_size: int | None = No
 
     import torch
 
-    from . import bench, config, models
+    from . import bench, hardware, models
 
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
@@ -55,7 +55,7 @@ def check_04_activation_memory(train_step: Callable, batch_size: int | None = No
         return max(held, 1)
 
     passed = ratio_check("Exercise 1 (activation memory)", lambda: cost("learner"), lambda: cost("baseline"), target,
-                         repeats=2, what="saved-for-backward bytes", hardware=config.hardware_label())
+                         repeats=2, what="saved-for-backward bytes", hardware=hardware.label())
     grads = [(a.grad, b.grad) for a, b in zip(nets["baseline"].parameters(), nets["learner"].parameters())]
     if any(b is None for _, b in grads):
         print("  the learner's step left some parameters without a gradient: it must train the whole net")
@@ -103,7 +103,7 @@ def check_05_fusion(fn: Callable, target: float = 4.0, measure: bool = True) -> 
 
     import torch
 
-    from . import config, timing
+    from . import hardware, timing
     from .exercise import mechanism
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -136,7 +136,7 @@ def check_05_fusion(fn: Callable, target: float = 4.0, measure: bool = True) -> 
         return min(timing.time_calls(lambda: f(x)))
 
     fast = ratio_check("Exercise 1 (fusion)", lambda: cost(compiled), lambda: cost(eager_chain), target, repeats=3,
-                       what="time", hardware=config.hardware_label())
+                       what="time", hardware=hardware.label())
     return bool(ok and fast)
 
 
@@ -230,7 +230,7 @@ def check_07_inference(quantize: Callable, model, calibration: list, held_out, t
     `batches` held-out batches of real images and answer batch 64 >= `target`x faster than eager fp32."""
     import torch
 
-    from . import compress, config
+    from . import compress, hardware
     from .exercise import forbidden, mechanism
     from .timing import time_calls
 
@@ -248,7 +248,7 @@ def check_07_inference(quantize: Callable, model, calibration: list, held_out, t
     if not mechanism("Exercise 2", problems):
         return False
     print(f"Exercise 2: {int8} int8 tensors and {qdq} quantize/dequantize ops in your graph; int8 dot-product "
-          f"unit: {'VNNI/AMX' if compress.has_vnni() else 'none (AVX2)'}")
+          f"unit: {'VNNI/AMX' if hardware.cpu_int8_native() else 'none (AVX2)'}")
     x64 = next(iter(held_out))[0][:64]  # (64, 3, 32, 32) real held-out images
     served = compress.compile_for_cpu(program, x64)  # Inductor with freezing: the int8 kernels
     same = seen = 0
@@ -269,5 +269,5 @@ def check_07_inference(quantize: Callable, model, calibration: list, held_out, t
             return statistics.median(time_calls(lambda: fn(x64)))
 
     fast = ratio_check("Exercise 2", lambda: cost(served), lambda: cost(model), target, 3,
-                       what="latency at batch 64", hardware=config.hardware_label())
+                       what="latency at batch 64", hardware=hardware.label())
     return bool(fast and agree >= min_agreement)

@@ -87,7 +87,7 @@ def check_01_loop(train: Callable, target: float = 2.0, max_loss: float = EX01_M
     at most the first `images` images, takes optimiser steps, does not call course_lib's finished loop, and leaves
     the network's held-out loss at most `max_loss` (the seed loop does not get there on the same images).
     Measurement: >= `target`x the seed loop's images/s, alternately in this run."""
-    from . import config, loops
+    from . import hardware, loops
 
     images = EX01_IMAGES
     with forbidden(loops.train_plain) as called:
@@ -110,7 +110,7 @@ def check_01_loop(train: Callable, target: float = 2.0, max_loss: float = EX01_M
         return ok
     fast = ratio_check("Exercise 1 (loop speed)", lambda: _01_run(train, images)["seconds"],
                        lambda: _01_run(seed_train, images)["seconds"], target, repeats=3,
-                       what="training time on the same images", hardware=config.hardware_label())
+                       what="training time on the same images", hardware=hardware.label())
     return bool(ok and fast)
 
 
@@ -202,7 +202,7 @@ def check_02_trainer(trainer_settings: Callable[[], dict], target: float = 1.5, 
     import tempfile
     import warnings
 
-    from . import config
+    from . import config, hardware
 
     poison, short = 5, 12
     with warnings.catch_warnings():  # anomaly detection's report of the NaN it found, a page of traceback
@@ -228,5 +228,5 @@ def check_02_trainer(trainer_settings: Callable[[], dict], target: float = 1.5, 
         fast = ratio_check("Exercise 3 (Trainer overhead)",
                            lambda: _02_fit(trainer_settings, steps)["seconds_per_image"],
                            lambda: _02_fit(lambda: starter_02(scratch), steps)["seconds_per_image"], target,
-                           repeats=5, what="time per image", hardware=config.hardware_label())  # short rounds: 5
+                           repeats=5, what="time per image", hardware=hardware.label())  # short rounds: 5
     return bool(ok and fast)

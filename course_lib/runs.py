@@ -8,7 +8,7 @@ import warnings
 
 import lightning as L
 
-from . import config
+from . import config, hardware
 from .data import CIFAR10DataModule
 from .ondevice import DeviceCIFAR10DataModule, SpeedrunDataModule
 
@@ -36,9 +36,9 @@ def datamodule(lesson: str | None = None, kind: str = "loader", **overrides) -> 
 def trainer_kwargs(lesson: str | None = None, precision: str | None = "32-true", timing: bool = False,
                    **overrides) -> dict:
     """Trainer arguments: the run size's epochs, a precision checked against this hardware (None: the policy's
-    choice, config.choose_precision), no progress bar or model summary; timing=True adds TIMING."""
+    choice, hardware.choose_precision), no progress bar or model summary; timing=True adds TIMING."""
     base = {"max_epochs": config.run_size(lesson).epochs, "accelerator": "auto", "devices": 1,
-            "precision": config.choose_precision(precision), "enable_progress_bar": False,
+            "precision": hardware.choose_precision(precision), "enable_progress_bar": False,
             "enable_model_summary": False}
     return {**base, **(TIMING if timing else {}), **overrides}
 

@@ -27,7 +27,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from course_lib import config, flops, models  # noqa: E402
+from course_lib import config, flops, hardware, models  # noqa: E402
 
 LESSONS = ("00_setup", "01_pytorch_baseline", "02_lightning", "03_gpu_and_data", "04_mixed_precision",
            "05_compile_and_tuning", "06_ddp", "07_quantization", "08_capstone")
@@ -153,7 +153,7 @@ class Estimator:
         part, self.peaks, self.source = flops.gpu_peaks(spec["device_name"])
         self.part = part
         info = {"gpu": spec["device_name"], "bf16_native": spec["bf16_native"]}
-        self.mixed = {"bf16-mixed": "bf16", "16-mixed": "fp16"}[config.choose_precision(info=info)]
+        self.mixed = {"bf16-mixed": "bf16", "16-mixed": "fp16"}[hardware.choose_precision(info=info)]
         self.c = committed()
 
     def peak(self, precision: str) -> float:
@@ -408,7 +408,7 @@ def report(result: dict) -> str:
         "fixed costs from the committed notebook outputs and the README's CPU column, so rerun it with `--write`",
         "after `make lessons`; `tests/test_gpu_estimates.py` fails when the README's columns differ from its output.",
         "",
-        "Peaks (dense, `flops.GPU_PEAKS`), each at the course's precision policy (`config.choose_precision`):",
+        "Peaks (dense, `flops.GPU_PEAKS`), each at the course's precision policy (`hardware.choose_precision`):",
         "",
     ]
     for g, est in e.items():

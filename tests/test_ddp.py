@@ -15,7 +15,7 @@ import torch
 import yaml
 from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 
-from course_lib import cli, config, parallel, scaling
+from course_lib import cli, hardware, parallel, scaling
 from course_lib.data import EpochSampler
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,11 +65,11 @@ def test_more_gpus_than_present_fails_with_the_remedy(monkeypatch):
     assert "--trainer.devices 1 " in str(err.value)  # with one GPU: use the one that exists
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     with pytest.raises(ValueError, match="no CUDA GPU here: auto would quietly start 2 CPU processes"):
-        config.check_devices("auto", 2)
+        hardware.check_devices("auto", 2)
     with pytest.warns(UserWarning, match="share the cores"):
-        config.check_devices("cpu", (os.cpu_count() or 1) + 1)
-    config.check_devices("cpu", 2)  # CPU processes up to the core count: fine
-    config.check_devices("auto", 1)
+        hardware.check_devices("cpu", (os.cpu_count() or 1) + 1)
+    hardware.check_devices("cpu", 2)  # CPU processes up to the core count: fine
+    hardware.check_devices("auto", 1)
 
 
 def test_torchrun_cli_ddp_two_cpu_processes(tmp_path, tiny_folder):
