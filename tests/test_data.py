@@ -18,6 +18,7 @@ from course_lib.data import (
     load_image_folder,
     load_torchvision_cifar10,
     split_indices,
+    to_float,
 )
 
 MEAN = torch.tensor(CIFAR10_MEAN)[:, None, None]
@@ -47,6 +48,26 @@ def test_batches_are_normalised_float_images_with_int64_labels(tiny_folder, tmp_
     xs, _ = dm.train_set.__getitems__([0, 1, 2, 3])
     torch.testing.assert_close(xs, (raw.float() / 255 - MEAN) / STD)
     assert x.min() < -1 and x.max() > 1  # normalised, not [0, 1]
+
+
+def test_one_normalisation_for_the_loader_and_the_device_batches(tiny_folder, tmp_path):
+    """to_float is the one normalisation: DataLoader batches and DeviceBatches of the same images are equal to it
+    (uint8 or float pixels alike), with and without statistics, and it never changes a float input in place."""
+    from course_lib.ondevice import DeviceBatches
+
+    for normalize in (True, False):
+        dm = tiny_dm(tiny_folder, tmp_path, normalize=normalize)
+        dm.setup("fit")
+        images, labels = dm.val_set.images, dm.val_set.labels
+        stats = (CIFAR10_MEAN, CIFAR10_STD) if normalize else (None, None)
+        loader_x = torch.cat([x for x, _ in dm.val_dataloader()])
+        device_x = torch.cat([x for x, _ in DeviceBatches(images, labels, 4, mean=stats[0], std=stats[1])])
+        expected = (images.float() / 255 - MEAN) / STD if normalize else images.float() / 255
+        torch.testing.assert_close(loader_x, expected)
+        torch.testing.assert_close(device_x, expected)
+    pixels = images.float()
+    torch.testing.assert_close(to_float(pixels), to_float(images))
+    assert torch.equal(pixels, images.float())  # the caller's float tensor is untouched
 
 
 def test_normalize_false_gives_unit_range(tiny_folder, tmp_path):

@@ -1,10 +1,12 @@
 """Backbones: output shapes, parameter counts worked out by hand, and the model registry."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
-from course_lib.models import LeNet, ResNet9, SimpleCNN, build_model, count_parameters
+from course_lib.models import AirNet, LeNet, ResNet9, SimpleCNN, build_model, count_parameters, init_whitening
 
 
 @pytest.mark.parametrize("make", [SimpleCNN, LeNet, lambda: ResNet9(width=8)], ids=["simple_cnn", "lenet", "resnet9"])
@@ -70,3 +72,24 @@ def test_build_model_unknown_name_raises():
     with pytest.raises(ValueError, match="resnet50") as err:
         build_model("resnet50")
     assert "lenet" in str(err.value)
+
+
+def test_models_import_torch_alone():
+    """models.py holds plain nn.Modules: it imports torch and nothing of the course (no data, no metrics)."""
+    import ast
+
+    import course_lib.models as models
+
+    tree = ast.parse(Path(models.__file__).read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {"." * node.level + (node.module or "") for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert imported and all(name == "__future__" or name.split(".")[0] == "torch" for name in imported), imported
+
+
+def test_init_whitening_takes_normalised_float_images_only():
+    """uint8 pixels are refused with the remedy (normalise with data.to_float first): the net knows no statistics."""
+    net = AirNet((8, 8, 8))
+    with pytest.raises(ValueError, match="to_float"):
+        init_whitening(net, torch.zeros(4, 3, 32, 32, dtype=torch.uint8))
+    init_whitening(net, torch.randn(16, 3, 8, 8))
+    assert bool(net.whitened) and torch.isfinite(net.whiten.weight).all()

@@ -53,7 +53,7 @@ def pause(step: int, marker: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, tiny_folder):
+def fits(tmp_path_factory, tiny_folder):
     """An unbroken run, runs stopped at step STOP_AT by SIGINT and SIGTERM, and the two resumed; the independent
     runs go in parallel (each on one thread) to keep the test short."""
     root = tmp_path_factory.mktemp("resume")
@@ -76,42 +76,42 @@ def runs(tmp_path_factory, tiny_folder):
     return {"builds": builds, "results": results, "stopped": stopped, "resumed": resumed}
 
 
-def test_unbroken_run_writes_last_and_best(runs):
-    rc, log = runs["results"]["straight"]
+def test_unbroken_run_writes_last_and_best(fits):
+    rc, log = fits["results"]["straight"]
     assert rc == 0, log[-3000:]
-    assert checkpoint(runs["builds"]["straight"])["global_step"] == TOTAL
-    assert checkpoint(runs["builds"]["straight"], "best")["global_step"] <= TOTAL
+    assert checkpoint(fits["builds"]["straight"])["global_step"] == TOTAL
+    assert checkpoint(fits["builds"]["straight"], "best")["global_step"] <= TOTAL
 
 
 @pytest.mark.parametrize("how, code", [("SIGINT", 130), ("SIGTERM", 143)])
-def test_stopped_run_exits_nonzero_with_last_at_the_stop(runs, how, code):
+def test_stopped_run_exits_nonzero_with_last_at_the_stop(fits, how, code):
     """The stopped run's exit status is 128 + the signal; last.ckpt holds the step where it stopped, not the end of
     the previous epoch; the message names the resume command."""
-    rc, log = runs["results"][how]
+    rc, log = fits["results"][how]
     assert rc == code, log[-3000:]
-    assert runs["stopped"][how]["global_step"] == STOP_AT
+    assert fits["stopped"][how]["global_step"] == STOP_AT
     assert f"Stopped by {how}" in log and "--ckpt_path last" in log, log[-2000:]
 
 
 @pytest.mark.parametrize("how", ["SIGINT", "SIGTERM"])
-def test_resumed_run_matches_the_unbroken_one(runs, how):
+def test_resumed_run_matches_the_unbroken_one(fits, how):
     """`fit --ckpt_path last` after the stop ends at the same step, with the same weights, as the unbroken run."""
-    rc, log = runs["resumed"][how]
+    rc, log = fits["resumed"][how]
     assert rc == 0, log[-3000:]
     assert "Restored all states" in log
-    straight, resumed = checkpoint(runs["builds"]["straight"]), checkpoint(runs["builds"][how])
+    straight, resumed = checkpoint(fits["builds"]["straight"]), checkpoint(fits["builds"][how])
     assert resumed["global_step"] == straight["global_step"] == TOTAL
     assert resumed["epoch"] == straight["epoch"]
     for key, value in straight["state_dict"].items():
         torch.testing.assert_close(resumed["state_dict"][key], value, atol=1e-6, rtol=1e-5, msg=key)
 
 
-def fit_in_process(folder: Path, ckpt_dir: Path, data_root: Path, callbacks=(), ckpt_path=None):
+def fit_in_process(folder: Path, ckpt_dir: Path, data_root: Path, callbacks=(), ckpt_path=None, epochs=EPOCHS):
     """The CLI's run (same checkpoints, seed and sizes) through a Trainer in this process; returns the module."""
     L.seed_everything(0)
     dm = CIFAR10DataModule(image_folder=str(folder), data_dir=str(data_root), batch_size=BATCH, augment=True)
     module = ImageClassifierModule(num_classes=3)
-    trainer = L.Trainer(accelerator="cpu", max_epochs=EPOCHS, deterministic=True, logger=False,
+    trainer = L.Trainer(accelerator="cpu", max_epochs=epochs, deterministic=True, logger=False,
                         enable_progress_bar=False, enable_model_summary=False,
                         callbacks=[*run_checkpoints(ckpt_dir), *callbacks])
     trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
@@ -129,6 +129,22 @@ def test_crashed_run_saves_last_and_resumes_exactly(tiny_folder, tmp_path):
     assert torch.load(tmp_path / "b" / "last.ckpt", weights_only=True)["global_step"] == TOTAL
     for (key, value), other in zip(straight.state_dict().items(), resumed.state_dict().values()):
         torch.testing.assert_close(other, value, atol=1e-6, rtol=1e-5, msg=key)
+
+
+def test_refused_resume_keeps_the_checkpoint(tiny_folder, tmp_path):
+    """Resuming with another max_epochs is refused (the one-cycle schedule would bend); the refusal loses nothing:
+    last.ckpt still holds the stopped step, and resuming it with the right settings still completes the run."""
+    with pytest.raises(RuntimeError, match="crash injected"):
+        fit_in_process(tiny_folder, tmp_path / "b", tmp_path / "data", callbacks=[RaiseAtStep(STOP_AT)])
+    before = torch.load(tmp_path / "b" / "last.ckpt", weights_only=True)
+    with pytest.raises(ValueError, match=f"spans {TOTAL} steps but this run needs {TOTAL // EPOCHS * (EPOCHS + 1)}"):
+        fit_in_process(tiny_folder, tmp_path / "b", tmp_path / "data", ckpt_path="last", epochs=EPOCHS + 1)
+    after = torch.load(tmp_path / "b" / "last.ckpt", weights_only=True)
+    assert after["global_step"] == before["global_step"] == STOP_AT
+    for key, value in before["state_dict"].items():
+        torch.testing.assert_close(after["state_dict"][key], value, msg=key)
+    fit_in_process(tiny_folder, tmp_path / "b", tmp_path / "data", ckpt_path="last")
+    assert torch.load(tmp_path / "b" / "last.ckpt", weights_only=True)["global_step"] == TOTAL
 
 
 def test_loader_skips_only_on_its_first_pass_after_a_restore(tiny_folder, tmp_path):
