@@ -4,7 +4,7 @@ import lightning as L
 import pytest
 import torch
 
-from course_lib import config, speedrun
+from course_lib import hardware, speedrun
 from course_lib.data import load_image_folder
 from course_lib.models import AirNet
 from course_lib.ondevice import AlternatingFlipTranslate, DeviceBatches
@@ -27,21 +27,21 @@ def batches(images, labels):
 
 def test_t4_policy_trains_module_and_twin_in_fp16_with_a_grad_scaler(real, monkeypatch):
     """On a T4 the policy's choice is 16-mixed; the module (Lightning's fp16 plugin, not its silent bf16 swap on a
-    CPU) and train_twin (GradScaler) then train in fp16 and follow the same loss curve, which is not fp32's."""
+    CPU) and the twin (GradScaler) then train in fp16 and follow the same loss curve, which is not fp32's."""
     images, labels = real
     recipe = Recipe(widths=SMALL, batch_size=8, whiten_bias_epochs=1)
     L.seed_everything(0, verbose=False)
-    fp32 = speedrun.train_twin(AirNet(SMALL), batches(images, labels), 2, recipe, "32-true")["losses"]
-    monkeypatch.setattr(config, "hardware", lambda: T4)
-    assert config.choose_precision() == "16-mixed"
+    fp32 = speedrun.Twin(AirNet(SMALL), recipe).fit(batches(images, labels), 2, "32-true")["losses"]
+    monkeypatch.setattr(hardware, "facts", lambda: T4)
+    assert hardware.choose_precision() == "16-mixed"
     L.seed_everything(0, verbose=False)
-    module = SpeedrunModule(**vars(recipe), whiten_images=images)
+    module = SpeedrunModule(recipe)
     trainer = speedrun.make_trainer(2, None)
     trainer.fit(module, train_dataloaders=batches(images, labels))
     assert trainer.precision == "16-mixed" and trainer.precision_plugin.scaler is not None
     lit = torch.stack(module.step_losses).float()
     L.seed_everything(0, verbose=False)
-    twin = speedrun.train_twin(AirNet(SMALL), batches(images, labels), 2, recipe, None)
+    twin = speedrun.Twin(AirNet(SMALL), recipe).fit(batches(images, labels), 2)
     assert twin["precision"] == "16-mixed" and twin["loss_scale"] > 0
     assert len(lit) == len(twin["losses"]) == 6 and torch.isfinite(twin["losses"]).all()
     torch.testing.assert_close(twin["losses"], lit, rtol=1e-3, atol=1e-3)

@@ -15,7 +15,7 @@ import lightning as L
 import pytest
 import torch
 
-from course_lib import bench, config, runs, speedrun, timing
+from course_lib import bench, hardware, runs, speedrun, timing
 from course_lib.data import load_image_folder
 from course_lib.loops import train_plain
 from course_lib.models import AirNet, LeNet, SimpleCNN
@@ -163,17 +163,17 @@ def test_device_batches_read_nothing_on_the_host_per_batch(real, augment, replic
 
 def test_lightning_and_the_twin_make_no_host_sync_per_step(real):
     """Lesson 08: the module under the timing Trainer with BenchCallback (lessons 03-08's timed fits) and
-    train_twin (the capstone's other side): 0 host reads per step on each, hence equal."""
+    speedrun.Twin (the capstone's other side): 0 host reads per step on each, hence equal."""
     recipe = Recipe(widths=SMALL, batch_size=BATCH, whiten_bias_epochs=1)
 
     def lightning(steps):
         batches = speedrun_batches(real, steps)
-        module = SpeedrunModule(**vars(recipe), whiten_images=batches.images)
+        module = SpeedrunModule(recipe)
         speedrun.make_trainer(1, "32-true", callbacks=[timing.BenchCallback(1, 2)]).fit(module,
                                                                                      train_dataloaders=batches)
 
     def twin(steps):
-        speedrun.train_twin(AirNet(SMALL), speedrun_batches(real, steps), 1, recipe, "32-true")
+        speedrun.Twin(AirNet(SMALL), recipe).fit(speedrun_batches(real, steps), 1, "32-true")
 
     counted = {side: per_step(run) for side, run in (("lightning", lightning), ("twin", twin))}
     assert counted == {"lightning": NONE, "twin": NONE}, counted
@@ -184,16 +184,16 @@ def test_fp16_pays_one_loss_scaler_read_per_step_on_both_sides(real, monkeypatch
     GradScaler make the same per-step read, exactly one: GradScaler.step reads found_inf to decide whether to step.
     It is fp16's own cost (loss scaling), so it sits on both sides of the capstone comparison and on lesson 04's
     16-mixed row, which it is part of."""
-    monkeypatch.setattr(config, "hardware", lambda: T4)
+    monkeypatch.setattr(hardware, "facts", lambda: T4)
     recipe = Recipe(widths=SMALL, batch_size=BATCH, whiten_bias_epochs=1)
 
     def lightning(steps):
         batches = speedrun_batches(real, steps)
-        module = SpeedrunModule(**vars(recipe), whiten_images=batches.images)
+        module = SpeedrunModule(recipe)
         speedrun.make_trainer(1, "16-mixed").fit(module, train_dataloaders=batches)
 
     def twin(steps):
-        speedrun.train_twin(AirNet(SMALL), speedrun_batches(real, steps), 1, recipe, "16-mixed")
+        speedrun.Twin(AirNet(SMALL), recipe).fit(speedrun_batches(real, steps), 1, "16-mixed")
 
     counted = {side: per_step(run) for side, run in (("lightning", lightning), ("twin", twin))}
     assert counted == {"lightning": {"reads": 1, "aten": 1}, "twin": {"reads": 1, "aten": 1}}, counted
