@@ -39,6 +39,18 @@ def test_fast_dev_run_trains_and_validates(tiny_folder, tmp_path):
     assert any(not torch.equal(before[k], v) for k, v in module.state_dict().items())
 
 
+def count_by_hand(module, loader) -> tuple[float, float, int]:
+    """Accuracy, per-sample mean cross-entropy and sample count of the module's weights over a loader, by hand."""
+    correct, loss_sum, n = 0, 0.0, 0
+    with torch.no_grad():
+        for x, y in loader:
+            logits = module(x)
+            correct += (logits.argmax(dim=1) == y).sum().item()
+            loss_sum += torch.nn.functional.cross_entropy(logits, y, reduction="sum").item()
+            n += len(y)
+    return correct / n, loss_sum / n, n
+
+
 def run_test_and_count_by_hand(tiny_folder, tmp_path):
     """trainer.test's logged metrics, and accuracy and mean cross-entropy counted by hand with the same weights."""
     L.seed_everything(1)
@@ -50,16 +62,9 @@ def run_test_and_count_by_hand(tiny_folder, tmp_path):
         module.net.fc.bias.copy_(torch.tensor([0.0, 0.02, 0.0]))
     logged = quiet_trainer(tmp_path).test(module, datamodule=dm, verbose=False)[0]
 
-    correct, loss_sum, n = 0, 0.0, 0
-    module.eval()
-    with torch.no_grad():
-        for x, y in dm.test_dataloader():
-            logits = module(x)
-            correct += (logits.argmax(dim=1) == y).sum().item()
-            loss_sum += torch.nn.functional.cross_entropy(logits, y, reduction="sum").item()
-            n += len(y)
+    acc, loss, n = count_by_hand(module.eval(), dm.test_dataloader())
     assert n == 60
-    return logged, correct / n, loss_sum / n
+    return logged, acc, loss
 
 
 def test_logged_test_acc_matches_hand_count(tiny_folder, tmp_path):
@@ -169,29 +174,16 @@ def frozen_fit(tiny_folder, tmp_path, **trainer_kw):
     return module, dm, trainer
 
 
-def count_by_hand(module, loader) -> dict[str, float]:
-    """Accuracy and per-sample mean cross-entropy of the module's weights over a loader, counted by hand."""
-    correct, loss_sum, n = 0, 0.0, 0
-    with torch.no_grad():
-        for x, y in loader:
-            logits = module(x)
-            correct += (logits.argmax(dim=1) == y).sum().item()
-            loss_sum += torch.nn.functional.cross_entropy(logits, y, reduction="sum").item()
-            n += len(y)
-    assert n == 48
-    return {"train_acc": correct / n, "train_loss": loss_sum / n}
-
-
 def test_logged_metric_objects_are_computed_and_reset_by_the_trainer(tiny_folder, tmp_path):
     """The module logs its Metric objects: after a fit, callback_metrics hold the epoch's per-sample accuracy and
     loss (equal to a hand count over the uneven batches), the Trainer has reset the metrics, and no shadow dict
     is kept."""
     module, dm, trainer = frozen_fit(tiny_folder, tmp_path, logger=False, enable_checkpointing=False,
                                      enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
-    hand = count_by_hand(module, dm.train_dataloader())
-    assert 0 < hand["train_acc"] < 1
-    assert float(trainer.callback_metrics["train_acc"]) == pytest.approx(hand["train_acc"], abs=1e-6)
-    assert float(trainer.callback_metrics["train_loss"]) == pytest.approx(hand["train_loss"], rel=1e-5)
+    acc, loss, n = count_by_hand(module, dm.train_dataloader())
+    assert 0 < acc < 1 and n == 48
+    assert float(trainer.callback_metrics["train_acc"]) == pytest.approx(acc, abs=1e-6)
+    assert float(trainer.callback_metrics["train_loss"]) == pytest.approx(loss, rel=1e-5)
     assert module.train_acc.update_count == 0 and module.train_loss.update_count == 0  # reset by the Trainer
     assert module.epoch_metrics == {}
 
@@ -200,10 +192,10 @@ def test_barebones_computes_the_epoch_metrics_by_hand(tiny_folder, tmp_path):
     """Under Trainer(barebones=True), which forbids self.log, the module still trains, and epoch_metrics holds the
     epoch's loss and accuracy (equal to a hand count), with the metrics reset for the next epoch."""
     module, dm, trainer = frozen_fit(tiny_folder, tmp_path, barebones=True)
-    hand = count_by_hand(module, dm.train_dataloader())
+    acc, loss, _ = count_by_hand(module, dm.train_dataloader())
     assert set(module.epoch_metrics) == {"train_loss", "train_acc"}
-    assert float(module.epoch_metrics["train_acc"]) == pytest.approx(hand["train_acc"], abs=1e-6)
-    assert float(module.epoch_metrics["train_loss"]) == pytest.approx(hand["train_loss"], rel=1e-5)
+    assert float(module.epoch_metrics["train_acc"]) == pytest.approx(acc, abs=1e-6)
+    assert float(module.epoch_metrics["train_loss"]) == pytest.approx(loss, rel=1e-5)
     assert module.train_acc.update_count == 0 and module.train_loss.update_count == 0
     assert trainer.global_step == 5
 
