@@ -56,10 +56,18 @@ class ClassifierSystem(L.LightningModule):
         # one value per sample gives the per-sample mean even when the last batch is smaller (weight= is dropped
         # by MeanMetric(nan_strategy="disable") in torchmetrics 1.9, issue #3434)
         mean.update(loss.detach().expand(len(y)))
-        if not self.trainer.barebones:  # the Metric objects themselves: no value is read here, so no host sync
+        if self._logs():  # the Metric objects themselves: no value is read here, so no host sync
             self.log(f"{stage}_loss", mean, on_step=False, on_epoch=True, prog_bar=True)
             self.log(f"{stage}_acc", acc, on_step=False, on_epoch=True, prog_bar=True)
         return loss
+
+    def _logs(self) -> bool:
+        """Whether self.log may run: under a Trainer, except Trainer(barebones=True); not in a step called by hand
+        outside any Trainer (lesson 02 compares one training_step with its inline module's)."""
+        try:
+            return not self.trainer.barebones
+        except RuntimeError:  # Lightning's "not attached to a Trainer"
+            return False
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         return self._shared_step(batch, "train")

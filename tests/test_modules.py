@@ -1,6 +1,7 @@
 """ImageClassifierModule under a real Trainer, its metrics against hand counts, optimiser and schedule, loops."""
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -78,6 +79,18 @@ def test_logged_test_loss_is_per_sample_mean(tiny_folder, tmp_path):
     """trainer.test's test_loss equals the mean cross-entropy over all samples (not the mean of batch means)."""
     logged, _, loss = run_test_and_count_by_hand(tiny_folder, tmp_path)
     assert logged["test_loss"] == pytest.approx(loss, rel=1e-5)
+
+
+def test_training_step_by_hand_outside_a_trainer_returns_the_loss_quietly():
+    """Lesson 02 calls training_step on a module attached to no Trainer: it returns the batch's mean cross-entropy,
+    logs nothing and warns nothing."""
+    torch.manual_seed(0)
+    module = ImageClassifierModule("lenet")
+    batch = (torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loss = module.training_step(batch, 0)
+    torch.testing.assert_close(loss, torch.nn.functional.cross_entropy(module(batch[0]), batch[1]))
 
 
 def test_predict_step_returns_probabilities(tiny_folder, tmp_path):
