@@ -15,16 +15,16 @@ def _decoders() -> list[Callable]:
     import PIL.Image
     import torchvision.io
 
-    from . import data
+    from . import sources
 
-    return [PIL.Image.open, torchvision.io.decode_image, torchvision.io.decode_jpeg, data.decode_image]
+    return [PIL.Image.open, torchvision.io.decode_image, torchvision.io.decode_jpeg, sources.decode_image]
 
 
 def _finished_pipelines() -> list[Callable]:
     """course_lib's own finished pipelines, which the exercise asks the learner to build instead."""
-    from . import data, ondevice, runs
+    from . import data, ondevice, runs, sources
 
-    return [runs.datamodule, data.load_image_folder, data.CIFAR10DataModule.setup, ondevice.DeviceBatches.__iter__]
+    return [runs.datamodule, sources.load_image_folder, data.CIFAR10DataModule.setup, ondevice.DeviceBatches.__iter__]
 
 
 def mechanism_03(make_data: Callable, batch_size: int = 256, steps: int = 3) -> bool:

@@ -13,7 +13,8 @@ from torchvision import datasets
 from torchvision.transforms import v2
 
 from . import config
-from .data import CIFAR10_MEAN, CIFAR10_STD, load_torchvision_cifar10, save_image_folder
+from .data import CIFAR10_MEAN, CIFAR10_STD
+from .sources import load_torchvision_cifar10, save_image_folder
 
 _FILE_LISTS: dict = {}  # image folder -> ImageFolder: the 50,000 file names are listed once per process
 

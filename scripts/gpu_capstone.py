@@ -45,8 +45,8 @@ import airbench_carry  # noqa: E402
 import lesson_checks  # noqa: E402
 
 from course_lib import config, experiments, hardware, models, results, speedrun, verdict  # noqa: E402
-from course_lib.data import list_image_folder  # noqa: E402
 from course_lib.ondevice import SpeedrunDataModule  # noqa: E402
+from course_lib.sources import list_image_folder  # noqa: E402
 
 ORDER = ("setup", "a", "b", "c", "summary", "d")
 def make_data(folder: Path, out: Path) -> None:

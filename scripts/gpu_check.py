@@ -17,8 +17,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout: no install needed (GPU machine)
 
 from course_lib import bench, config, hardware, results, runs
-from course_lib.data import load_image_folder
 from course_lib.modules import ImageClassifierModule
+from course_lib.sources import load_image_folder
 
 TARGETS = [  # (lesson, config, baseline, required speedup): the targets for an H100/H200-class GPU
     ("03", "small CNN, GPU-resident data", "small CNN, DataLoader 8 workers", 1.5),

@@ -15,11 +15,10 @@ from course_lib.data import (
     CIFAR10DataModule,
     EpochSampler,
     augment_batch,
-    load_image_folder,
-    load_torchvision_cifar10,
     split_indices,
     to_float,
 )
+from course_lib.sources import load_image_folder, load_torchvision_cifar10
 
 MEAN = torch.tensor(CIFAR10_MEAN)[:, None, None]
 STD = torch.tensor(CIFAR10_STD)[:, None, None]
@@ -153,13 +152,13 @@ def test_cache_written_once_and_reused(tiny_folder, tmp_path):
 
 def test_prepare_data_after_setup_does_not_list_the_folder_again(tiny_folder, tmp_path, monkeypatch):
     """Lightning calls prepare_data on every fit; once a split is decoded, the 50k-file listing is not repeated."""
-    import course_lib.data as data
+    import course_lib.sources as sources
 
     dm = tiny_dm(tiny_folder, tmp_path)
     dm.prepare_data()
     dm.setup("fit")
     calls = []
-    monkeypatch.setattr(data, "list_image_folder", lambda *a: calls.append(a) or pytest.fail("listed again"))
+    monkeypatch.setattr(sources, "list_image_folder", lambda *a: calls.append(a) or pytest.fail("listed again"))
     dm.prepare_data()
     dm.setup("fit")
     assert calls == [] and len(dm.train_set) > 0
@@ -178,7 +177,7 @@ def test_cache_invalidated_when_folder_changes(make_folder, tmp_path):
 def test_full_folder_cached_in_repo_data_and_read_back(cifar_folder, monkeypatch):
     """The 50k folder's cache lives in the repo's data/cache, and a second load reads it back without decoding one
     image (its load time is printed; timing never fails a test)."""
-    import course_lib.data as data_module
+    import course_lib.sources as data_module
 
     monkeypatch.delenv(config.DATA_ROOT_ENV, raising=False)  # use (and keep) the default cache the notebooks use
     assert config.data_root() == Path(__file__).resolve().parents[1] / "data"
@@ -400,7 +399,7 @@ def test_missing_test_folder_names_the_test_folder(tiny_folder, tmp_path):
 def test_data_root_that_is_a_file_fails_before_decoding(tiny_folder, tmp_path, monkeypatch):
     """COURSE_DATA_ROOT naming a file fails at once, naming it and the setting, before any image is decoded; the
     torchvision download says the same instead of blaming a slow host."""
-    import course_lib.data as data_module
+    import course_lib.sources as data_module
 
     blocker = tmp_path / "root.txt"
     blocker.write_text("not a folder")

@@ -14,7 +14,8 @@ from conftest import DataUnavailable, locate_cifar_folder
 from torchvision.datasets import CIFAR10
 
 from course_lib import config
-from course_lib.data import CIFAR10_CLASSES, decode_image, list_image_folder
+from course_lib.data import CIFAR10_CLASSES
+from course_lib.sources import decode_image, list_image_folder
 
 PER_CLASS = 3  # real images per class in the local archive: 30 in all, 5 training batches of 6
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from course_lib import optim, speedrun
-from course_lib.data import load_image_folder, to_float
+from course_lib.data import to_float
 from course_lib.models import AirNet, init_whitening
+from course_lib.sources import load_image_folder
 from course_lib.speedrun import Recipe
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from course_lib import hardware, speedrun
-from course_lib.data import load_image_folder
 from course_lib.models import AirNet
 from course_lib.ondevice import AlternatingFlipTranslate, DeviceBatches
+from course_lib.sources import load_image_folder
 from course_lib.speedrun import Recipe, SpeedrunModule
 
 SMALL = (8, 16, 16)

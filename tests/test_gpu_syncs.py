@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from course_lib import bench, hardware, runs, speedrun, timing
-from course_lib.data import load_image_folder
 from course_lib.loops import train_plain
 from course_lib.models import AirNet, LeNet, SimpleCNN
 from course_lib.modules import ImageClassifierModule
 from course_lib.ondevice import AlternatingFlipTranslate, DeviceBatches, RandomCropFlip
+from course_lib.sources import load_image_folder
 from course_lib.speedrun import Recipe, SpeedrunModule
 
 SMALL = (8, 16, 16)

@@ -8,9 +8,10 @@ import yaml
 from lightning.pytorch.cli import LightningCLI
 
 from course_lib import experiments, optim, speedrun
-from course_lib.data import CIFAR10_MEAN, CIFAR10_STD, load_image_folder, to_float
+from course_lib.data import CIFAR10_MEAN, CIFAR10_STD, to_float
 from course_lib.models import WIDTHS, AirNet, count_parameters
 from course_lib.ondevice import AlternatingFlipTranslate, DeviceBatches, SpeedrunDataModule
+from course_lib.sources import load_image_folder
 from course_lib.speedrun import Recipe, SpeedrunModule
 
 SMALL = (8, 16, 16)  # a narrow AirNet: the same code path, a fraction of the compute

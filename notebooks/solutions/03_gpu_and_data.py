@@ -4,7 +4,8 @@ import lightning as L
 import torch
 
 from course_lib import jpeg
-from course_lib.data import augment_batch, decode_image, to_float
+from course_lib.data import augment_batch, to_float
+from course_lib.sources import decode_image
 
 
 class DecodedOnce(L.LightningDataModule):
