@@ -110,7 +110,7 @@ def check_05_fusion(fn: Callable, target: float = 4.0, measure: bool = True) -> 
     rows = 4096 if device == "cuda" else 512
     torch.manual_seed(0)
     x = torch.randn(rows, 2048, device=device) * 2  # (rows, features) float32: some |z| exceed CLIP
-    torch._dynamo.reset()  # a clean slate: earlier compiles in this process do not count
+    torch.compiler.reset()  # a clean slate: earlier compiles in this process do not count
     compiled = torch.compile(fn, fullgraph=True)  # fullgraph: a graph break is an error, not a silent split
     start = time.perf_counter()
     try:

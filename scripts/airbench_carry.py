@@ -115,14 +115,14 @@ def run(airbench, folder: Path, seeds: list[int], deadline: float | None = None,
     from airbench import lib_airbench94
 
     hyp = lib_airbench94.hyp
-    runs = []
+    trials = []
     with inside(folder):
         loader = airbench.CifarLoader("cifar10", train=True, batch_size=hyp["opt"]["batch_size"], aug=hyp["aug"],
                                       altflip=True)
         test = airbench.CifarLoader("cifar10", train=False, batch_size=2000)
         for i, seed in enumerate([None, *seeds]):  # None: the warm-up (cuDNN autotuning), not reported
             if deadline is not None and seed is not None and time.monotonic() > deadline:
-                log(f"airbench: time budget spent after {len(runs)} runs")
+                log(f"airbench: time budget spent after {len(trials)} runs")
                 break
             torch.manual_seed(1000 if seed is None else seed)
             out = io.StringIO()
@@ -133,9 +133,9 @@ def run(airbench, folder: Path, seeds: list[int], deadline: float | None = None,
                 continue
             printed = parse_table(out.getvalue())
             acc = airbench.evaluate(model, test, tta_level=hyp["net"]["tta_level"])
-            runs.append({"seed": seed, "acc": acc, "printed_acc": printed["tta_val_acc"],
+            trials.append({"seed": seed, "acc": acc, "printed_acc": printed["tta_val_acc"],
                          "time_s": printed["total_time_seconds"],
                          "steps": math.ceil(len(loader) * hyp["opt"]["train_epochs"])})
             if on_run is not None:
-                on_run(runs)
-    return runs
+                on_run(trials)
+    return trials

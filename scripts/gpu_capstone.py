@@ -118,27 +118,27 @@ def part_a(args, dm, report, deadline, dry) -> list[dict]:
         return []
     airbench = airbench_carry.import_airbench(args.carry)
 
-    def show(runs):
+    def show(trials):
         report.set("a", head + table(["seed", "test accuracy (TTA)", "printed by train94", "time"], [
-            [str(r["seed"]), f"{r['acc']:.2%}", f"{r['printed_acc']:.4f}", f"{r['time_s']:.3f} s"] for r in runs]) + [
-            figure("accuracy", pct(r["acc"] for r in runs), "{:.2f}", " %"),
-            figure("time", [r["time_s"] for r in runs])])
+            [str(r["seed"]), f"{r['acc']:.2%}", f"{r['printed_acc']:.4f}", f"{r['time_s']:.3f} s"] for r in trials]) + [
+            figure("accuracy", pct(r["acc"] for r in trials), "{:.2f}", " %"),
+            figure("time", [r["time_s"] for r in trials])])
 
     report.set("a", head + ["", "(running)"])
     return airbench_carry.run(airbench, config.build_dir() / "capstone" / "airbench", args.seeds_list, deadline,
                               on_run=show)
 
 
-def part_b(module, dm, report, seeds, epochs, precision, deadline, head) -> list[dict]:
+def part_b(module, dm, report, *, seeds, epochs, precision, deadline, head) -> list[dict]:
     # warm-up: compilation, cuDNN autotuning
     experiments.run_seed(module, dm, seed=1000, epochs=epochs, precision=precision)
-    runs = []
+    trials = []
     for seed in seeds:
         if time.monotonic() > deadline:
-            report.set("b", report.sections["b"] + [f"- time budget spent after {len(runs)} runs"])
+            report.set("b", report.sections["b"] + [f"- time budget spent after {len(trials)} runs"])
             break
-        runs.append(experiments.run_seed(module, dm, seed=seed, epochs=epochs, precision=precision))
-        last = runs[-1]["epoch_s"]
+        trials.append(experiments.run_seed(module, dm, seed=seed, epochs=epochs, precision=precision))
+        last = trials[-1]["epoch_s"]
         recipe = module.recipe
         flops = experiments.flop_summary(widths=recipe.widths, batch_size=recipe.batch_size,
                                          steps=len(dm.train_dataloader()), epoch_s=statistics.median(last[1:] or last))
@@ -146,22 +146,22 @@ def part_b(module, dm, report, seeds, epochs, precision, deadline, head) -> list
             ["seed", "test accuracy (TTA)", "trainer.fit (whitening + training)", "trainer.test (TTA)", "total",
              "training epochs only"],
             [[str(r["seed"]), f"{r['acc']:.2%}"] + [f"{r[k]:.3f} s" for k in ("fit_s", "test_s", "total_s", "train_s")]
-             for r in runs]) + [
-            figure("accuracy", pct(r["acc"] for r in runs), "{:.2f}", " %"),
-            figure("time (fit + test)", [r["total_s"] for r in runs]),
-            figure("trainer.fit", [r["fit_s"] for r in runs]), figure("trainer.test", [r["test_s"] for r in runs]),
+             for r in trials]) + [
+            figure("accuracy", pct(r["acc"] for r in trials), "{:.2f}", " %"),
+            figure("time (fit + test)", [r["total_s"] for r in trials]),
+            figure("trainer.fit", [r["fit_s"] for r in trials]), figure("trainer.test", [r["test_s"] for r in trials]),
             f"- {flops['text']} (median epoch after the first, last run)"])
-    return runs
+    return trials
 
 
-def part_c(module, dm, report, runs, epochs, precision, deadline, head) -> list[dict]:
+def part_c(module, dm, report, *, trials, epochs, precision, deadline, head) -> list[dict]:
     torch.manual_seed(1000)  # warm-up twin: compiles its graphs, so the timed runs exclude compilation
     twin = speedrun.Twin(models.AirNet(module.recipe.widths), module.recipe)  # compiled once
     twin.fit(dm.train_dataloader(), epochs, precision)
     speedrun.evaluate_tta(twin.forward, dm.test_set.images, dm.test_set.labels, batch_size=dm.eval_batch_size,
                           precision=precision)
     twins = []
-    for run in runs:
+    for run in trials:
         if time.monotonic() > deadline:
             report.set("c", report.sections["c"] + [f"- time budget spent after {len(twins)} runs"])
             break
@@ -171,7 +171,7 @@ def part_c(module, dm, report, runs, epochs, precision, deadline, head) -> list[
              "Lightning / twin epoch (median, epochs 1+)", "largest loss difference, first 10 steps"],
             [[str(t["seed"]), f"{t['twin_acc']:.2%}", f"{t['lit_acc']:.2%}", f"{t['twin_total_s']:.3f} s",
               f"{r['total_s']:.3f} s", f"{t['ratio']:.3f}x", f"{t['loss_diff_first']:.2e}"]
-             for t, r in zip(twins, runs)]) + [
+             for t, r in zip(twins, trials)]) + [
             figure("accuracy", pct(t["twin_acc"] for t in twins), "{:.2f}", " %"),
             figure("time (whitening + training + TTA)", [t["twin_total_s"] for t in twins]),
             figure("Lightning / twin epoch time (target <= 1.05x)", [t["ratio"] for t in twins], unit="x")])
@@ -260,12 +260,13 @@ def main() -> int:
                                                      compile=gpu and not dry))
     b_head = ["## (b) the course's SpeedrunModule (Lightning)", "",
               "Timed by experiments.run_seed on CUDA events: trainer.fit (whitening + training) + trainer.test (TTA)."]
-    b = guarded(report, "b", b_head, lambda: part_b(module, dm, report, args.seeds_list, epochs, precision,
-                                                    deadline, b_head))
+    b = guarded(report, "b", b_head, lambda: part_b(module, dm, report, seeds=args.seeds_list, epochs=epochs,
+                                                    precision=precision, deadline=deadline, head=b_head))
     c_head = ["## (c) the plain-PyTorch twin", "",
               "speedrun.Twin.fit per seed of (b), same batches and initial weights (experiments.compare_twin), "
               "timed the same way: whitening + training, then TTA."]
-    c = guarded(report, "c", c_head, lambda: part_c(module, dm, report, b, epochs, precision, deadline, c_head))
+    c = guarded(report, "c", c_head, lambda: part_c(module, dm, report, trials=b, epochs=epochs,
+                                                    precision=precision, deadline=deadline, head=c_head))
     guarded(report, "summary", ["## Comparison"], lambda: summary(report, a, b, c))
     d_head = ["## (d) lessons 03-05 and 06's one-device row", ""]
     guarded(report, "d", d_head, lambda: lesson_checks.run(
