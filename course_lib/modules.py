@@ -148,6 +148,8 @@ class ImageClassifierModule(ClassifierSystem):
         """A resumed fit's one-cycle schedule must span this run's steps. The Trainer restores the checkpoint's
         schedule after configure_optimizers and before this hook, so the live scheduler is compared with the run, not
         a value some other hook left behind (load_from_checkpoint then a new, longer fit is fine)."""
+        if self.trainer.ckpt_path is None:  # a fresh fit: its schedule was built for it (a Tuner trial shortens it)
+            return
         total = int(self.trainer.estimated_stepping_batches)
         for scheduler in self.trainer.lr_scheduler_configs:
             spans = getattr(scheduler.scheduler, "total_steps", total)  # OneCycleLR's length, restored with its state
