@@ -139,11 +139,16 @@ def compile_for_cpu(model: nn.Module, *examples: torch.Tensor):
     """torch.compile for CPU inference with Inductor's freezing on (weights become constants, which lets the x86
     passes pre-pack int8 weights and fuse quantize ops into oneDNN int8 kernels). Compiles once per example shape
     here; later shapes recompile, also with freezing."""
-    compiled = torch.compile(model, options={"freezing": True})  # Inductor's option, set for this compile only
+    import torch._inductor.config as inductor_config
+
+    compiled = torch.compile(model)
 
     @torch.no_grad()
     def run(x: torch.Tensor) -> torch.Tensor:
-        return compiled(x)
+        # the global patch, not torch.compile(options={"freezing": True}): Dynamo also reads the flag while tracing
+        # (parameters become constants); options= reach Inductor only, and the int8 prepack then fails
+        with inductor_config.patch(freezing=True):
+            return compiled(x)
 
     for x in examples or (example_input(),):
         run(x)
