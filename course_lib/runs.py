@@ -68,6 +68,10 @@ def quiet_lightning() -> None:
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     # the Tuner's temporary checkpoint notes that it saves the full state by default (a notice, not a choice)
     logging.getLogger("lightning.pytorch.trainer.connectors.checkpoint_connector").setLevel(logging.WARNING)
+    # the tuners' and seed_everything's notices repeat what the lesson prints itself from their results
+    for notice in ("lightning.pytorch.tuner.lr_finder", "lightning.pytorch.tuner.batch_size_scaling",
+                   "lightning.fabric.utilities.seed"):
+        logging.getLogger(notice).setLevel(logging.WARNING)
     # torchao 0.18 registers Enum constants the way torch 2.14 deprecates (a notice at import, nothing to act on)
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
     # the profiler's C++ log lines (no GPU found, USDT start/stop marks): 6 is above every level kineto prints at
