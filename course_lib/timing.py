@@ -11,7 +11,6 @@ import lightning as L
 import psutil
 import torch
 from lightning.fabric.utilities.throughput import Throughput
-from torch.utils import benchmark
 
 
 def sync(device: torch.device | str) -> None:
@@ -161,11 +160,16 @@ class EpochTimer(L.Callback):
 
 
 def time_calls(fn: Callable[[], object], *, min_run_time: float = 0.2,
-               clock: Callable[[], float] = benchmark.timer) -> list[float]:
+               clock: Callable[[], float] | None = None) -> list[float]:
     """Seconds per call of fn(), one figure per block of calls, from torch.utils.benchmark.Timer.blocked_autorange.
 
     The Timer warms up while it picks the block size (calls per reading), then times blocks until `min_run_time`
     seconds are spent; its default clock synchronizes the GPU before each reading. It runs fn on this process's
-    thread count (Timer's own default is one thread)."""
-    timer = benchmark.Timer("fn()", globals={"fn": fn}, timer=clock, num_threads=torch.get_num_threads())
+    thread count (Timer's own default is one thread). clock: None for the Timer's own (benchmark.timer)."""
+    # imported here, not at the top: torch.utils.benchmark imports cpp_extension, whose "No CUDA runtime" notice
+    # would print before a lesson's quiet_lightning() could switch it off
+    from torch.utils import benchmark
+
+    timer = benchmark.Timer("fn()", globals={"fn": fn}, timer=clock or benchmark.timer,
+                            num_threads=torch.get_num_threads())
     return list(timer.blocked_autorange(min_run_time=min_run_time).times)
