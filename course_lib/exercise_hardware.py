@@ -95,7 +95,7 @@ def eager_chain(x):
     return 0.5 * z * (1.0 + torch.tanh(0.7978845608 * (z + 0.044715 * z * z * z))), peak  # tanh GELU
 
 
-def check_05_fusion(fn: Callable, target: float = 4.0, measure: bool = True) -> bool:
+def check_05_fusion(fn: Callable, target: float = 1.4, measure: bool = True) -> bool:
     """Lesson 05: the check compiles fn itself with torch.compile(fullgraph=True); fn(x) -> (y, peak) must compile
     as one graph (no graph break, no host read-back) and match the eager starter (y within 1e-3, float(peak));
     compiled, it must take >= `target`x less time than the eager starter, timed after the compile."""
@@ -222,12 +222,18 @@ def int8_graph_report(program) -> tuple[int, int]:
     return int8, qdq
 
 
-def check_07_inference(quantize: Callable, model, calibration: list, held_out, target: float = 1.5,
+#: lesson 07's bar over compiled fp32: where the CPU has one-instruction int8 dot products (VNNI, AMX) int8 must win
+#: clearly; without them (AVX2 only) the int8 kernels emulate the dot products, so the bar asks only for a gain
+INT8_TARGET = {"native": 1.35, "emulated": 1.1}
+
+
+def check_07_inference(quantize: Callable, model, calibration: list, held_out, target: float | None = None,
                        min_agreement: float = 0.9, batches: int = 8, measure: bool = True) -> bool:
     """Lesson 07: quantize(model, calibration) must return the learner's own int8 program (a converted graph with
     int8 weights and quantize/dequantize ops, not course_lib's quantize_ptq); compiled by the check
     (compress.compile_for_cpu), it must predict the trained fp32 model's class on >= min_agreement of up to
-    `batches` held-out batches of real images and answer batch 64 >= `target`x faster than eager fp32."""
+    `batches` held-out batches of real images and answer batch 64 >= `target`x faster than the fp32 model compiled
+    the same way (None: INT8_TARGET for this CPU), so that compiling alone gains nothing."""
     import torch
 
     from . import compress, hardware
@@ -268,6 +274,9 @@ def check_07_inference(quantize: Callable, model, calibration: list, held_out, t
         with torch.no_grad():
             return statistics.median(time_calls(lambda: fn(x64)))
 
-    fast = ratio_check("Exercise 2", lambda: cost(served), lambda: cost(model), target, 3,
-                       what="latency at batch 64", hardware=hardware.label())
+    baseline = compress.compile_for_cpu(model, x64)  # fp32 through the same compiler: only int8 can make a gap
+    if target is None:
+        target = INT8_TARGET["native" if hardware.cpu_int8_native() else "emulated"]
+    fast = ratio_check("Exercise 2", lambda: cost(served), lambda: cost(baseline), target, 3,
+                       what="latency at batch 64 against compiled fp32", hardware=hardware.label())
     return bool(fast and agree >= min_agreement)

@@ -5,13 +5,16 @@ bar, both ratios with their per-round spread, the margin (solution / bar), pass 
 
     COURSE_SIZE=smoke .venv/bin/python scripts/exercise_margins.py [--lessons 02 07]
 
-A margin below 1.25 (issue 20's floor) is flagged. Run it on a quiet machine: another process's load lands in
-the rounds' spread. Timing here never fails a test; `make test` grades the mechanisms without a clock."""
+Each lesson runs in a fresh process, as in its own kernel. A margin below 1.25 (issue 20's floor) is flagged. Run
+it on a quiet machine: another process's load lands in the rounds' spread. Timing here never fails a test; `make
+test` grades the mechanisms without a clock."""
 from __future__ import annotations
 
 import argparse
 import contextlib
 import io
+import subprocess
+import sys
 import time
 
 from course_lib import config, exercise, exercise_data, exercise_hardware, exercise_training, hardware, runs
@@ -78,16 +81,25 @@ def main(argv: list[str] | None = None) -> None:
     """Print the margins table for the chosen lessons."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lessons", nargs="*", default=sorted(EXERCISES), choices=sorted(EXERCISES))
+    parser.add_argument("--row", choices=sorted(EXERCISES), help=argparse.SUPPRESS)  # one row, in this process
     args = parser.parse_args(argv)
     runs.quiet_lightning()
     size = config.run_size().name
+    if args.row:
+        print(row(args.row, size)[0], flush=True)
+        return
     start = time.perf_counter()
     print(f"Exercise margins on {hardware.label()}, run size {size} (ratio: baseline's cost / yours, median of the "
           f"rounds, per-round range in brackets; margin: solution's ratio / bar, floor {MIN_MARGIN})\n")
     print("| lesson | bar | starter | solution | margin | verdict | hardware | size | runs |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for lesson in args.lessons:
-        print(row(lesson, size)[0], flush=True)
+    for lesson in args.lessons:  # each in a fresh process, as each lesson's check runs in its own kernel: an earlier
+        # check's threads, workers and compiled graphs then cannot slow (or warm) a later one
+        done = subprocess.run([sys.executable, __file__, "--row", lesson], capture_output=True, text=True,
+                              env=config.child_env())
+        rows = [line for line in done.stdout.splitlines() if line.startswith(f"| {lesson} |")]
+        why = (done.stderr.strip().splitlines() or ["no output"])[-1][:120]
+        print(rows[-1] if rows else f"| {lesson} | | | | | ERROR: {why} | | {size} | |", flush=True)
     print(f"\n{len(args.lessons)} lessons in {time.perf_counter() - start:.0f} s")
 
 
