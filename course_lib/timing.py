@@ -3,6 +3,7 @@ elsewhere), the training callbacks built on them (BenchCallback, EpochTimer), an
 torch.utils.benchmark.Timer (time_calls)."""
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from typing import Callable
@@ -11,6 +12,8 @@ import lightning as L
 import psutil
 import torch
 from lightning.fabric.utilities.throughput import Throughput
+
+MAX_RUN_TIME = 10.0  # seconds: time_calls stops here even before four blocks (a call slower than 2.5 s)
 
 
 def sync(device: torch.device | str) -> None:
@@ -161,15 +164,21 @@ class EpochTimer(L.Callback):
 
 def time_calls(fn: Callable[[], object], *, min_run_time: float = 0.2,
                clock: Callable[[], float] | None = None) -> list[float]:
-    """Seconds per call of fn(), one figure per block of calls, from torch.utils.benchmark.Timer.blocked_autorange.
+    """Seconds per call of fn(), one figure per block of calls, from torch.utils.benchmark.Timer.adaptive_autorange.
 
-    The Timer warms up while it picks the block size (calls per reading), then times blocks until `min_run_time`
-    seconds are spent; its default clock synchronizes the GPU before each reading. It runs fn on this process's
-    thread count (Timer's own default is one thread). clock: None for the Timer's own (benchmark.timer)."""
+    The Timer warms up while it picks the block size (calls per reading, aiming at blocks of about 0.05 s), then
+    times blocks until at least `min_run_time` seconds are spent and at least four blocks are read, so every
+    figure comes with a spread (blocked_autorange's larger blocks fitted only one in a short budget). Its default
+    clock synchronizes the GPU before each reading. It runs fn on this process's thread count (Timer's own default
+    is one thread). clock: None for the Timer's own (benchmark.timer)."""
     # imported here, not at the top: torch.utils.benchmark imports cpp_extension, whose "No CUDA runtime" notice
     # would print before a lesson's quiet_lightning() could switch it off
     from torch.utils import benchmark
 
     timer = benchmark.Timer("fn()", globals={"fn": fn}, timer=clock or benchmark.timer,
                             num_threads=torch.get_num_threads())
-    return list(timer.blocked_autorange(min_run_time=min_run_time).times)
+    # threshold inf: stop on time and block count alone, never wait for the spread to shrink (a busy machine's
+    # wouldn't); max_run_time only caps a call so slow that four blocks exceed it
+    measured = timer.adaptive_autorange(threshold=math.inf, min_run_time=min_run_time,
+                                        max_run_time=max(MAX_RUN_TIME, 2 * min_run_time))
+    return list(measured.times)

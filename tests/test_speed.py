@@ -207,6 +207,15 @@ def test_time_calls_gives_seconds_per_call_for_the_run_time(per_call):
     assert clock.calls * per_call >= 2.0  # the Timer's warm-up calls come on top of the timed blocks
 
 
+@pytest.mark.parametrize("per_call", [0.3, 1e-3])
+def test_time_calls_reads_at_least_four_blocks_in_a_short_budget(per_call):
+    """A budget shorter than one block still yields four blocks, so a figure has a spread; 0.3 s calls in a 0.1 s
+    budget are four blocks of one call."""
+    clock = WorkClock(per_call)
+    seconds = timing.time_calls(clock.work, min_run_time=0.1, clock=clock)
+    assert len(seconds) >= 4 and seconds == pytest.approx([per_call] * len(seconds))
+
+
 def test_time_calls_keeps_the_thread_count():
     """fn runs on this process's threads, not on torch.utils.benchmark.Timer's default of one."""
     before, seen = torch.get_num_threads(), []
