@@ -46,14 +46,16 @@ def run_configs(configs: list[dict], make: Callable[[dict], tuple], steps: int, 
             module, dm = make(cfg)
             done.append(bench(module, dm, cfg["name"], steps=steps, warmup=warmup,
                               precision=cfg.get("precision", "32-true"), **cfg.get("trainer", {})))
-    rows = []
-    for done in runs_of:
-        first_warmup_s, rounds = done[0]["warmup_s"], [r["images_per_s"] for r in done]  # round order
-        ranked = sorted(done, key=lambda r: r["images_per_s"])
-        rows.append({**ranked[len(ranked) // 2], "images_per_s_min": ranked[0]["images_per_s"],
-                     "images_per_s_max": ranked[-1]["images_per_s"], "first_warmup_s": first_warmup_s,
-                     "rounds": rounds, "repeats": repeats})
-    return rows
+    return [{**median_row(done), "first_warmup_s": done[0]["warmup_s"]} for done in runs_of]
+
+
+def median_row(done: list[dict]) -> dict:
+    """One configuration's runs (in round order) as one row: the run with the median images/s, the fastest and
+    slowest run's images/s as its spread, every round's images/s in round order (rounds) and their count."""
+    ranked = sorted(done, key=lambda r: r["images_per_s"])
+    return {**ranked[len(ranked) // 2], "images_per_s_min": ranked[0]["images_per_s"],
+            "images_per_s_max": ranked[-1]["images_per_s"], "rounds": [r["images_per_s"] for r in done],
+            "repeats": len(done)}
 
 
 def add_speedups(rows: list[dict], baseline: str) -> list[dict]:

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 WIDTHS = (64, 256, 256)  # channels of the three conv groups, as in airbench94
+WHITEN_IMAGES = 5000  # airbench94 sets its whitening filters from the first 5,000 training images
 
 
 class SimpleCNN(nn.Module):
@@ -124,7 +125,7 @@ class AirNet(nn.Module):
 
 
 @torch.no_grad()
-def init_whitening(net: AirNet, images: torch.Tensor, max_images: int = 5000, eps: float = 5e-4) -> None:
+def init_whitening(net: AirNet, images: torch.Tensor, max_images: int = WHITEN_IMAGES, eps: float = 5e-4) -> None:
     """Set net.whiten to the eigenvectors of the 2x2 patches' second-moment matrix (uncentred, as airbench94),
     largest eigenvalue first, each scaled to unit output variance, and their negatives; its bias to zero.
 

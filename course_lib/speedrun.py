@@ -14,14 +14,11 @@ from torch import nn
 from . import hardware, runs
 from .data import to_float
 from .metrics import mean_loss, top1_accuracy
-from .models import WIDTHS, AirNet, init_whitening
+from .models import WHITEN_IMAGES, WIDTHS, AirNet, init_whitening
 from .modules import ClassifierSystem
 from .ondevice import DeviceBatches
 from .optim import Lookahead, lookahead_decay, make_speedrun_optimizer
 from .timing import DeviceTimer
-
-#: airbench94 sets its whitening filters from the first 5,000 training images
-WHITEN_IMAGES = 5000
 
 #: airbench94's training length: ceil(9.9 x steps per epoch) steps (426 of batch 1024 on 45,000 images)
 EPOCHS = 9.9
@@ -266,5 +263,5 @@ class Twin:
                 "precision": precision, "loss_scale": scaler.get_scale() if scaler.is_enabled() else None}
 
 
-__all__ = ["EPOCHS", "WHITEN_IMAGES", "total_steps", "Recipe", "recipe_optimizer", "whiten_from", "tta_logits",
+__all__ = ["EPOCHS", "total_steps", "Recipe", "recipe_optimizer", "whiten_from", "tta_logits",
            "evaluate_tta", "SpeedrunModule", "fresh_weights", "make_trainer", "Twin"]

@@ -38,7 +38,12 @@ def save_subset(data: dict, out: Path, n: int) -> Path:
 
 def make_subset(out: Path, n: int) -> None:
     """Save a seeded random subset of the real training images as one uint8 tensor file to carry."""
-    save_subset(load_image_folder(Path(config.data_source(need_files=True)) / "train"), out, n)
+    source = Path(config.data_source(need_files=True))
+    if not source.is_dir():  # a tensor file: it is already what this would write
+        raise ValueError(f"A subset is cut from an image folder, and the data source is the file {source}. Carry "
+                         f"that file as it is (--data {source.name}), or point --data or COURSE_DATA at a folder "
+                         f"laid out as <folder>/train/<class>/*.jpg.")
+    save_subset(load_image_folder(source / "train"), out, n)
     print(f"wrote {n} images to {out} ({out.stat().st_size / 2**20:.0f} MiB)")
 
 

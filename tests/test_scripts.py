@@ -89,3 +89,17 @@ def test_gpu_reports_go_under_the_repository_from_any_folder(tmp_path, monkeypat
     monkeypatch.setattr(config, "repo_root", lambda: None)  # installed without the checkout: no docs/ to write to
     with pytest.raises(FileNotFoundError, match="run it from a clone"):
         results.report_path("gpu_check", "NVIDIA H200")
+
+
+def test_make_subset_from_a_tensor_file_names_the_remedy(tmp_path, monkeypatch):
+    """--make-subset cuts a subset from an image folder; with COURSE_DATA already a .pt file it says to carry that
+    file, instead of failing on <file>/train."""
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    carried = tmp_path / "cifar10-15k.pt"
+    carried.write_bytes(b"")
+    monkeypatch.setenv("COURSE_DATA", str(carried))
+    with pytest.raises(ValueError, match="Carry that file as it is"):
+        gpu_check.make_subset(tmp_path / "out.pt", 10)
+    assert not (tmp_path / "out.pt").exists()

@@ -62,6 +62,16 @@ def test_speedups_are_ratios_to_the_baseline():
         bench.add_speedups(rows, "c")
 
 
+def test_median_row_keeps_the_median_run_and_the_rounds_spread():
+    """Three rounds of one configuration: the median run's fields, the fastest and slowest images/s as the spread
+    (not the median run's own single figure), and the images/s in round order for paired verdicts."""
+    done = [{"name": "a", "images_per_s": v, "step_ms": 1e3 / v} for v in (300.0, 100.0, 200.0)]
+    row = bench.median_row(done)
+    assert row["images_per_s"] == 200.0 and row["step_ms"] == 5.0
+    assert (row["images_per_s_min"], row["images_per_s_max"]) == (100.0, 300.0)
+    assert row["rounds"] == [300.0, 100.0, 200.0] and row["repeats"] == 3
+
+
 def test_too_few_steps_is_a_clear_error(dm_kwargs):
     """Asking for more steps than the data gives fails with a remedy, not a wrong number."""
     with pytest.raises(ValueError, match="too small"):
