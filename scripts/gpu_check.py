@@ -41,7 +41,7 @@ def make_subset(out: Path, n: int) -> None:
     source = Path(config.data_source(need_files=True))
     if not source.is_dir():  # a tensor file: it is already what this would write
         raise ValueError(f"A subset is cut from an image folder, and the data source is the file {source}. Carry "
-                         f"that file as it is (--data {source.name}), or point --data or COURSE_DATA at a folder "
+                         f"that file as it is (--data {source}), or point --data or COURSE_DATA at a folder "
                          f"laid out as <folder>/train/<class>/*.jpg.")
     save_subset(load_image_folder(source / "train"), out, n)
     print(f"wrote {n} images to {out} ({out.stat().st_size / 2**20:.0f} MiB)")
