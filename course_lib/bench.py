@@ -87,13 +87,34 @@ def saved_bytes_peak(step: Callable[[], object]) -> int:
     return peak[0]
 
 
-def table(rows: list[dict], fields: list[str] | None = None) -> str:
-    """A markdown table of result rows (the given fields, default FIELDS), with the hardware and size under it."""
-    cols = fields or [c for c in FIELDS + ["speedup", "repeats"] if c in rows[0]]
+MAX_COLUMNS = 6  # a table a reader takes in at a glance; more fields go under it or into a second table
+SHOWN = ["name", "images_per_s", "step_ms", "peak_mem_mb", "data_wait"]  # default columns (+ speedup where present)
+SHARED = ["steps", "batch_size", "precision", "device", "repeats"]  # settings named once under the table when equal
+
+
+def _cell(row: dict, col: str) -> str:
+    """One table cell: floats as plain numbers, images/s with its slowest-fastest range when the row has one."""
     fmt = lambda v: verdict.number(v) if isinstance(v, float) else str(v)  # noqa: E731  (7,770, not 7.77e+03)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
-    return "\n".join(lines) + f"\n\nHardware: {hardware.label()}; size {config.run_size().name}"
+    if col == "images_per_s" and "images_per_s_min" in row:
+        return f"{fmt(row[col])} ({fmt(row['images_per_s_min'])}–{fmt(row['images_per_s_max'])})"
+    return fmt(row.get(col, ""))
+
+
+def table(rows: list[dict], fields: list[str] | None = None) -> str:
+    """A markdown table of result rows (at most MAX_COLUMNS fields, default SHOWN), images/s with its range, and
+    under it the settings every row shares, the hardware and the size."""
+    cols = list(fields) if fields else [c for c in SHOWN + ["speedup"] if c in rows[0]]
+    cols = [c for c in cols if c not in ("images_per_s_min", "images_per_s_max")]  # shown in images_per_s's cell
+    if len(cols) > MAX_COLUMNS:
+        raise ValueError(f"bench.table: {len(cols)} columns {cols}; pass at most {MAX_COLUMNS} fields "
+                         "and print the rest as a second table")
+    head = [c if c != "images_per_s" or "images_per_s_min" not in rows[0] else "images_per_s (range)" for c in cols]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_cell(r, c) for c in cols) + " |" for r in rows]
+    shared = [f"{k} {rows[0][k]}" for k in SHARED if k not in cols and k in rows[0]
+              and all(r.get(k) == rows[0][k] for r in rows)]
+    every = f"Every row: {', '.join(shared)}. " if shared else ""
+    return "\n".join(lines) + f"\n\n{every}Hardware: {hardware.label()}; size {config.run_size().name}"
 
 
 def plot_speedups(rows: list[dict], title: str):

@@ -37,3 +37,69 @@ def test_lesson_markdown_quotes_no_measured_figure(path):
     found = [f"cell {i}: {line[:120]}" for i, cell in enumerate(json.loads(path.read_text())["cells"])
              if cell["cell_type"] == "markdown" for line in quoted_figures("".join(cell["source"]))]
     assert not found, "print these from the run (course_lib.verdict) or link their source:\n" + "\n".join(found)
+
+
+MAX_LESSON_WORDS = 2500  # markdown words a learner reads in one lesson, code fences excluded
+MAX_CELL_WORDS = 250  # one markdown cell, read without scrolling back
+MAX_TABLE_COLUMNS = 6  # a printed table read at a glance (bench.MAX_COLUMNS)
+IN_HOUSE = re.compile(r"seed articles?|\bseed \d{3}\b|course's seeds|\bthe seeds'? (?:two|article|post)", re.I)
+FENCE = re.compile(r"```.*?```", re.S)
+
+
+def markdown_cells(path: Path) -> list[tuple[int, str]]:
+    """(index, source) of each markdown cell of a notebook."""
+    cells = json.loads(path.read_text())["cells"]
+    return [(i, "".join(c["source"])) for i, c in enumerate(cells) if c["cell_type"] == "markdown"]
+
+
+def words(markdown: str) -> int:
+    """Words of markdown prose: code fences left out, inline code and table cells counted as words."""
+    return len(FENCE.sub("", markdown).split())
+
+
+def table_widths(text: str) -> list[int]:
+    """The column count of every markdown table row (a line starting and ending with '|') in `text`."""
+    return [line.count("|") - 1 for line in map(str.strip, text.splitlines())
+            if len(line) > 1 and line.startswith("|") and line.endswith("|")]
+
+
+def test_words_and_table_widths_are_counted():
+    """The counters: fences excluded, every table row measured."""
+    assert words("one two\n```python\nx = 1 2 3\n```\nthree") == 3
+    assert table_widths("| a | b |\n|---|---|\nnot | a row\n| 1 | 2 | 3 |") == [2, 2, 3]
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=[p.stem for p in LESSONS])
+def test_lesson_markdown_fits_the_word_bars(path):
+    """At most MAX_LESSON_WORDS words of markdown per lesson and MAX_CELL_WORDS per markdown cell."""
+    cells = markdown_cells(path)
+    total = sum(words(src) for _, src in cells)
+    long = [f"cell {i}: {words(src)} words" for i, src in cells if words(src) > MAX_CELL_WORDS]
+    assert total <= MAX_LESSON_WORDS and not long, f"{total} words (bar {MAX_LESSON_WORDS}); " + "; ".join(long)
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=[p.stem for p in LESSONS])
+def test_lesson_markdown_has_no_in_house_words(path):
+    """Sources are named by what they are ("a widely shared blog post on ..."), not by the course's own labels."""
+    found = [f"cell {i}: {m.group(0)!r}" for i, src in markdown_cells(path) for m in IN_HOUSE.finditer(src)]
+    assert not found, "name the blog post by what it is: " + "; ".join(found)
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=[p.stem for p in LESSONS])
+def test_lesson_tables_have_at_most_six_columns(path):
+    """Markdown tables and the committed outputs' printed tables: at most MAX_TABLE_COLUMNS columns."""
+    wide = []
+    for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+        texts = ["".join(cell["source"])] if cell["cell_type"] == "markdown" else [
+            "".join(out.get("text", "")) + "".join(out.get("data", {}).get("text/plain", ""))
+            + "".join(out.get("data", {}).get("text/markdown", "")) for out in cell.get("outputs", [])]
+        wide += [f"cell {i}: {n} columns" for text in texts for n in table_widths(text) if n > MAX_TABLE_COLUMNS]
+    assert not wide, "split the table or plot it: " + "; ".join(sorted(set(wide)))
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=[p.stem for p in LESSONS])
+def test_nbval_markers_are_tags_not_comments(path):
+    """nbval's markers live in cell metadata tags (nbval-check-output, ...), out of the reader's sight."""
+    found = [f"cell {i}" for i, cell in enumerate(json.loads(path.read_text())["cells"])
+             if cell["cell_type"] == "code" and re.search(r"^\s*#\s*NBVAL_", "".join(cell["source"]), re.M)]
+    assert not found, "move the # NBVAL_ comment to the cell's metadata tags: " + ", ".join(found)
