@@ -37,7 +37,7 @@ endif
 ## floors), everything else at the newest release that fits, for every platform, with hashes. Then run make test.
 lock:
 	@test -n "$(UV)" || { echo "make lock needs uv: pip install uv (or pipx install uv), or make lock UV=/path/to/uv"; exit 1; }
-	$(UV) pip compile pyproject.toml --extra dev --universal --resolution lowest-direct --generate-hashes \
+	$(UV) pip compile pyproject.toml --extra dev --extra docs --universal --resolution lowest-direct --generate-hashes \
 		--custom-compile-command "make lock" $(LOCK_FLAGS) -o $(LOCK)
 
 ## Run every lesson top to bottom (COURSE_SIZE=full unless set); executed notebooks and summary go to build/.

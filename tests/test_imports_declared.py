@@ -1,4 +1,4 @@
-"""Every import is declared: the lessons import only [project] dependencies, the tools also the [dev] extra.
+"""Every import is declared: the lessons import only [project] dependencies, the tools also the extras (dev, docs).
 
 Import names map to distributions through importlib.metadata.packages_distributions() of this environment (the one
 `make venv` builds from the lock, where every declared package is installed). The standard library, course_lib
@@ -32,7 +32,8 @@ def declared(requirements: list[str]) -> set[str]:
 
 
 RUNTIME = declared(PYPROJECT["project"]["dependencies"])
-DEV = declared(PYPROJECT["project"]["optional-dependencies"]["dev"])
+# The tools may use every extra: dev (lessons in JupyterLab, tests, lint) and docs (the website and its browser test).
+DEV = set().union(*(declared(reqs) for reqs in PYPROJECT["project"]["optional-dependencies"].values()))
 
 
 def own_modules() -> set[str]:
@@ -101,7 +102,7 @@ def test_the_lessons_import_only_runtime_dependencies(providers):
 
 
 def test_the_tools_import_only_declared_dependencies(providers):
-    """course_lib.runner, scripts/ and tests/ import only what [project] dependencies or the [dev] extra provide; the
+    """course_lib.runner, scripts/ and tests/ import only what [project] dependencies or the extras provide; the
     same scan flags the tests' pytest imports against the runtime list, and scripts' airbench without its exemption."""
     dev = sources()["dev"]
     assert undeclared(dev, RUNTIME | DEV, providers) == [], (
