@@ -1,0 +1,222 @@
+"""This machine's measured ceilings, each with its spread: the matmul rate in every number format the hardware runs
+natively, the memory bandwidth (a copy well past the last-level cache), the fixed cost of one op (a loop of tiny
+ops) and, on a GPU, host-to-device bandwidth from pinned and pageable memory. Saved once per machine under
+build/ceilings/ and re-measured when missing; course_lib.roofline places ops and steps against them."""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from . import config, hardware, results, timing, verdict
+
+MATMUL_N = {"cpu": 2048, "cuda": 8192}  # square side: enough multiply-adds to keep the matrix units busy
+SMOKE_MATMUL_N = 512  # smoke size: checks the code in a fraction of a second, not a ceiling to quote
+LLC_MULTIPLE = 4  # the bandwidth copy moves this many times the last-level cache, so the cache cannot hold it
+COPY_BYTES = (64 * 2**20, 1024 * 2**20)  # floor and cap of one copied buffer, whatever the cache reports
+TINY_ELEMENTS = 16  # the per-op loop's tensor: its data costs nothing next to the op's fixed cost
+LOOP_OPS = 100  # tiny ops per timed call, so one call is long enough to time
+H2D_BYTES = 64 * 2**20  # one host-to-device transfer: past the fixed cost of a copy, short enough for smoke size
+SECONDS = {"smoke": 0.1, "full": 1.0}  # timed seconds per ceiling (timing.time_calls' min_run_time)
+NOISY = 1.5  # slowest / fastest block above this: the ceiling is flagged as noisy (a busy machine)
+SIZE_RANK = {"smoke": 0, "full": 1}  # a saved full-size measurement serves a smoke run, not the other way round
+UNITS = {"compute": (1e9, "GFLOP/s"), "memory": (1e9, "GB/s"), "overhead": (1e-6, "us per op")}  # printed units
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    """One measured ceiling: a rate per timed block (FLOP/s or bytes/s), or seconds per op for the fixed cost."""
+
+    name: str  # "matmul fp32", "memory", "per op", "h2d pinned", ...
+    kind: str  # "compute" (FLOP/s), "memory" and "transfer" (bytes/s), "overhead" (seconds per op)
+    values: tuple[float, ...]  # one figure per timed block
+    note: str = ""  # what was timed
+
+    @property
+    def median(self) -> float:
+        """The median block's figure: the ceiling the model uses."""
+        return statistics.median(self.values)
+
+    def shown(self) -> tuple[float, str]:
+        """(the median in printed units, the unit): GFLOP/s, GB/s or us per op."""
+        scale, unit = UNITS.get(self.kind, UNITS["memory"])
+        return self.median / scale, unit
+
+    def text(self) -> str:
+        """'matmul fp32: 95.2 GFLOP/s (median; blocks 90.1-97.3, 6 blocks; 2048x2048)' with a noisy flag."""
+        scale, unit = UNITS.get(self.kind, UNITS["memory"])
+        lo, hi = min(self.values) / scale, max(self.values) / scale
+        flag = f"; NOISY, slowest/fastest block {spread_ratio(self):.1f}x > {NOISY:g}x" if noisy(self) else ""
+        return (f"{self.name}: {verdict.number(self.median / scale)} {unit} (median; blocks "
+                f"{verdict.number(lo)}-{verdict.number(hi)}, {len(self.values)} blocks; {self.note}{flag})")
+
+
+def summarise(name: str, kind: str, work: float, seconds: list[float], note: str = "") -> Ceiling:
+    """A Ceiling from seconds per call (one per timed block) of a call doing `work` FLOPs, bytes or ops: rates for
+    compute, memory and transfer, seconds per op for overhead. No clock here: tests inject the seconds."""
+    if not seconds or min(seconds) <= 0 or work <= 0:
+        raise ValueError(f"{name}: need positive work and seconds per block, got work {work}, seconds {seconds}.")
+    values = [s / work for s in seconds] if kind == "overhead" else [work / s for s in seconds]
+    return Ceiling(name, kind, tuple(values), note)
+
+
+def spread_ratio(c: Ceiling) -> float:
+    """Slowest block over fastest: 1.0 for a perfectly steady ceiling."""
+    return max(c.values) / min(c.values)
+
+
+def noisy(c: Ceiling) -> bool:
+    """Whether the blocks differ by more than NOISY (one slow block from another process is enough)."""
+    return len(c.values) > 1 and spread_ratio(c) > NOISY
+
+
+@dataclass
+class Ceilings:
+    """All of one machine's ceilings on one device, with the hardware, size and settings they came from."""
+
+    hardware: str
+    device: str
+    size: str
+    threads: int
+    torch: str
+    rows: dict[str, Ceiling] = field(default_factory=dict)
+
+    def rate(self, fmt: str = "fp32") -> float:
+        """Measured matmul FLOP/s in `fmt` (fp32, tf32, bf16, fp16, int8); a clear error for one not measured."""
+        key = f"matmul {fmt}"
+        if key not in self.rows:
+            have = [k.split()[1] for k in self.rows if k.startswith("matmul ")]
+            raise KeyError(f"No {fmt} matmul ceiling on {self.hardware} ({self.device}): it is not native here. "
+                           f"Measured formats: {have}. Use one of them.")
+        return self.rows[key].median
+
+    bandwidth = property(lambda self: self.rows["memory"].median, doc="Measured memory bandwidth, bytes/s.")
+    per_op = property(lambda self: self.rows["per op"].median, doc="Measured fixed cost of one op, seconds.")
+
+    def formats(self) -> list[str]:
+        """The matmul formats measured here, in the order measured."""
+        return [k.split()[1] for k in self.rows if k.startswith("matmul ")]
+
+    def lines(self) -> list[str]:
+        """One line per ceiling, with its spread, under a line naming hardware, device and size."""
+        head = f"ceilings of {self.hardware} on {self.device} ({self.size} size, {self.threads} threads):"
+        return [head, *(f"  {c.text()}" for c in self.rows.values())]
+
+
+def formats(device: str, info: dict | None = None) -> list[str]:
+    """The matmul formats this device runs natively: fp32 always; on a CPU bf16 with AVX512_BF16/AMX and int8 with
+    VNNI/AMX; on a GPU TF32 and bf16 from compute capability 8.0, fp16 from 7.0, int8 (tensor cores) from 8.0."""
+    if device == "cpu":
+        return ["fp32", *(["bf16"] if hardware.cpu_bf16_native() else []),
+                *(["int8"] if hardware.cpu_int8_native() else [])]
+    cc = torch.cuda.get_device_capability()
+    return ["fp32", *(["tf32", "bf16"] if cc >= (8, 0) else []), *(["fp16"] if cc >= (7, 0) else []),
+            *(["int8"] if cc >= (8, 0) else [])]
+
+
+def llc_bytes(device: str) -> int:
+    """The last-level cache in bytes: a GPU's L2, or the CPU's highest cache level from Linux sysfs (0 if unknown)."""
+    if device != "cpu":
+        return torch.cuda.get_device_properties(0).L2_cache_size
+    caches = Path("/sys/devices/system/cpu/cpu0/cache")
+    found = [(int((d / "level").read_text()), (d / "size").read_text().strip())
+             for d in caches.glob("index*") if (d / "level").exists()] if caches.is_dir() else []
+    if not found:
+        return 0  # macOS, Windows: the copy's floor, COPY_BYTES[0], still passes most laptops' caches
+    size = max(found)[1]
+    return int(size[:-1]) * {"K": 2**10, "M": 2**20}[size[-1]] if size[-1] in "KM" else int(size)
+
+
+def matmul_side(device: str, size: str) -> int:
+    """The square side the matmul ceiling is timed at on `device` ("cpu" or "cuda") at run size `size`."""
+    return SMOKE_MATMUL_N if size == "smoke" else MATMUL_N["cpu" if device == "cpu" else "cuda"]
+
+
+def _matmul(fmt: str, n: int, device: str) -> Callable[[], object]:
+    """A call doing one n x n product in `fmt` (2n^3 FLOPs; int8 through torchao's int matmul)."""
+    if fmt == "int8":
+        from torchao.kernel.intmm import safe_int_mm
+
+        a, b = (torch.randint(-128, 128, (n, n), dtype=torch.int8, device=device) for _ in range(2))
+        return lambda: safe_int_mm(a, b)
+    dtype = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[fmt]
+    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
+    return lambda: a @ b
+
+
+def measure(device: str = "cpu", *, size: str | None = None,
+            time_fn: Callable[..., list[float]] = timing.time_calls) -> Ceilings:
+    """Measure every ceiling of `device` at run size `size` (the switch's by default). time_fn(fn, min_run_time=s)
+    returns seconds per call per block: timing.time_calls (CUDA-synchronized on a GPU), or injected in tests."""
+    size = size or config.run_size().name
+    seconds = SECONDS[size]
+    n = matmul_side(device, size)
+    found = Ceilings(hardware.label(), device, size, torch.get_num_threads(), torch.__version__)
+
+    def add(name: str, kind: str, work: float, fn: Callable[[], object], note: str) -> None:
+        found.rows[name] = summarise(name, kind, work, time_fn(fn, min_run_time=seconds), note)
+
+    for fmt in formats(device):
+        if device != "cpu":
+            hardware.set_tf32(fmt == "tf32")  # fp32 is full fp32 unless the row is TF32's
+        add(f"matmul {fmt}", "compute", 2 * n**3, _matmul(fmt, n, device), f"{n}x{n}")
+    if device != "cpu":
+        hardware.set_tf32(None)  # back to PyTorch's defaults
+    elements = max(COPY_BYTES[0], min(COPY_BYTES[1], LLC_MULTIPLE * llc_bytes(device))) // 4
+    src = torch.ones(elements, device=device)
+    dst = torch.empty_like(src)
+    add("memory", "memory", 2 * src.nbytes, lambda: dst.copy_(src),
+        f"copy of {src.nbytes / 2**20:,.0f} MiB, read + write")
+    tiny = torch.zeros(TINY_ELEMENTS, device=device)
+
+    def loop() -> None:
+        y = tiny
+        for _ in range(LOOP_OPS):
+            y = y + 1.0  # one kernel and one allocation each: the cost every op pays, whatever its size
+    add("per op", "overhead", LOOP_OPS, loop, f"{LOOP_OPS} adds of {TINY_ELEMENTS} floats")
+    if device != "cpu":
+        on_device = torch.empty(H2D_BYTES // 4, device=device)
+        for kind in ("pinned", "pageable"):
+            host = torch.ones(H2D_BYTES // 4, pin_memory=kind == "pinned")
+            add(f"h2d {kind}", "transfer", H2D_BYTES, lambda h=host: on_device.copy_(h, non_blocking=True),
+                f"{H2D_BYTES // 2**20} MiB host to device")
+    return found
+
+
+def path(device: str) -> Path:
+    """Where this machine's ceilings on `device` are saved: build/ceilings/<hardware>-<device>.json."""
+    return config.build_dir() / "ceilings" / f"{results.file_name(hardware.label())}-{device}.json"
+
+
+def save(found: Ceilings) -> Path:
+    """Write the ceilings to path(device), with the time they were measured."""
+    target = path(found.device)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps({**asdict(found), "time": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=1))
+    return target
+
+
+def load(device: str = "cpu", *, remeasure: bool = False, verbose: bool = True) -> Ceilings:
+    """This machine's saved ceilings on `device`; measured now (and saved) when missing, measured at a smaller
+    size or with other threads or another torch than now, or when `remeasure`. Says which, in one line."""
+    size, target = config.run_size().name, path(device)
+    saved = json.loads(target.read_text()) if target.exists() and not remeasure else None
+    why = ("asked to re-measure" if remeasure else "none saved yet" if saved is None else
+           "saved at smoke size" if SIZE_RANK[saved["size"]] < SIZE_RANK[size] else
+           "saved with another thread count" if saved["threads"] != torch.get_num_threads() else
+           "saved under another torch" if saved["torch"] != torch.__version__ else None)
+    if why is None:
+        rows = {k: Ceiling(**{**v, "values": tuple(v["values"])}) for k, v in saved["rows"].items()}
+        if verbose:
+            print(f"ceilings of this machine ({device}) from {target.name}, measured {saved['time']}")
+        return Ceilings(saved["hardware"], saved["device"], saved["size"], saved["threads"], saved["torch"], rows)
+    if verbose:
+        print(f"measuring this machine's ceilings on {device} ({why}; a few seconds)...")
+    found = measure(device)
+    save(found)
+    return found

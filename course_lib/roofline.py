@@ -1,0 +1,251 @@
+"""The performance model: an op's or a step's FLOPs (torch's FlopCounterMode and its formulas), the bytes each op
+reads and writes (the sizes of its tensor inputs and outputs, seen by a dispatch mode), arithmetic intensity, and,
+against this machine's measured ceilings (course_lib.ceilings), the bound each op hits (compute, memory or the fixed
+cost per op) with the time that bound predicts; the roofline plot, a per-layer table and lesson 00's prediction
+check."""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+# TorchDispatchMode: the documented hook for seeing every aten op ("Extending PyTorch"), the base FlopCounterMode
+# itself is built on; torch exposes it only under this module name
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
+
+from . import ceilings, timing, verdict
+
+KINDS = ("compute", "memory", "overhead")
+NO_TRAFFIC = ("empty", "detach", "lift_fresh", "alias")  # op names that allocate or relabel, moving no data
+PREDICTION_FACTOR = 3.0  # lesson 00's exercise: a prediction within 3x of the measured time passes
+
+
+@dataclass(frozen=True)
+class Op:
+    """One aten op as counted: its name, FLOPs and the bytes of its tensor inputs and outputs."""
+
+    name: str
+    flops: int
+    bytes: int
+
+
+@dataclass
+class Counts:
+    """The ops a call ran (views excluded: they move no data and launch no kernel) and FlopCounterMode's total."""
+
+    ops: list[Op]
+    matmul_flops: int  # FlopCounterMode's total: matrix products and convolutions only
+
+    flops = property(lambda self: sum(o.flops for o in self.ops), doc="FLOPs, pointwise ops at one per element.")
+    bytes = property(lambda self: sum(o.bytes for o in self.ops), doc="Bytes read and written, summed over ops.")
+    n_ops = property(lambda self: len(self.ops), doc="Kernels run (ops that are not views).")
+    intensity = property(lambda self: self.flops / max(self.bytes, 1), doc="FLOPs per byte moved.")
+
+
+class _OpRecorder(TorchDispatchMode):
+    """Records every aten op: FLOPs from FlopCounterMode's formulas (pointwise ops one per output element) and bytes
+    of its tensor inputs and outputs (an `out=` tensor counted once, as written)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[Op] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = func.__name__.split(".")[0]
+        if func.is_view or name.startswith(NO_TRAFFIC):
+            return out
+        ins = _tensors([*args, *(v for k, v in kwargs.items() if k != "out")])
+        outs = _tensors([out])
+        packet = func.overloadpacket  # the op family FlopCounterMode keys its formulas by
+        if packet in flop_registry:
+            flops = flop_registry[packet](*args, **kwargs, out_val=out)
+        else:
+            flops = sum(t.numel() for t in outs) if torch.Tag.pointwise in func.tags else 0
+        self.ops.append(Op(name, int(flops), sum(t.numel() * t.element_size() for t in ins + outs)))
+        return out
+
+
+def _tensors(items: list) -> list[torch.Tensor]:
+    """The tensors among `items`, looking inside lists and tuples (an op's arguments and results)."""
+    found = []
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif isinstance(item, (list, tuple)):
+            found += _tensors(list(item))
+    return found
+
+
+def count(fn: Callable, *args, **kwargs) -> Counts:
+    """Run fn(*args, **kwargs) once (any device, meta too) and count its ops, FLOPs and bytes."""
+    with FlopCounterMode(display=False) as flop_counter, _OpRecorder() as recorder:
+        fn(*args, **kwargs)
+    return Counts(recorder.ops, flop_counter.get_total_flops())
+
+
+def fused(counts: Counts, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> Counts:
+    """The same FLOPs as one fused kernel: it reads `inputs` and writes `outputs` once, intermediates stay on chip."""
+    moved = sum(t.numel() * t.element_size() for t in [*inputs, *outputs])
+    return Counts([Op("fused", counts.flops, moved)], counts.matmul_flops)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The time each ceiling alone allows for some work, and the one that binds (the largest)."""
+
+    seconds: dict  # {"compute": s, "memory": s, "overhead": s}
+
+    kind = property(lambda self: max(self.seconds, key=self.seconds.get), doc="compute, memory or overhead.")
+    predicted = property(lambda self: max(self.seconds.values()), doc="Seconds the binding ceiling allows.")
+
+
+def bound(flops: float, moved: float, ops: int, *, rate: float, bandwidth: float, per_op: float) -> Bound:
+    """The roofline with a fixed cost: FLOPs at `rate`, bytes at `bandwidth`, ops at `per_op` seconds each."""
+    return Bound({"compute": flops / rate, "memory": moved / bandwidth, "overhead": ops * per_op})
+
+
+def op_bound(op: Op, ceil: ceilings.Ceilings, fmt: str = "fp32") -> Bound:
+    """One op against the ceilings; only matrix products and convolutions run at the matmul rate of `fmt`."""
+    return bound(op.flops, op.bytes, 1, rate=ceil.rate(fmt), bandwidth=ceil.bandwidth, per_op=ceil.per_op)
+
+
+def step_model(counts: Counts, ceil: ceilings.Ceilings, fmt: str = "fp32") -> dict:
+    """Each op against the ceilings, one after another: predicted seconds (sum of each op's bound) and the share of
+    it in ops bound by compute, memory and overhead; `kind` is the largest share."""
+    share = dict.fromkeys(KINDS, 0.0)
+    for op in counts.ops:
+        b = op_bound(op, ceil, fmt)
+        share[b.kind] += b.predicted
+    total = sum(share.values())
+    return {"predicted": total, "share": {k: v / total for k, v in share.items()} if total else share,
+            "kind": max(share, key=share.get)}
+
+
+def explain(name: str, counts: Counts, ceil: ceilings.Ceilings, measured: list[float], fmt: str = "fp32") -> str:
+    """A printed verdict: what the step does, the bound it hits, the time that predicts and the measured time."""
+    m = step_model(counts, ceil, fmt)
+    med = statistics.median(measured)
+    shares = ", ".join(f"{m['share'][k]:.0%} {k}" for k in KINDS)
+    spread = f"{verdict.number(min(measured) * 1e3)}-{verdict.number(max(measured) * 1e3)} ms, {len(measured)} runs"
+    return (f"{name}: {verdict.number(counts.flops / 1e9)} GFLOP, {verdict.number(counts.bytes / 2**20)} MiB moved, "
+            f"{counts.n_ops} ops, {verdict.number(counts.intensity)} FLOP/byte. Against {ceil.hardware}'s {fmt} "
+            f"ceilings it is {m['kind']}-bound (predicted time by bound: {shares}); the model predicts "
+            f"{verdict.number(m['predicted'] * 1e3)} ms, measured {verdict.number(med * 1e3)} ms (median; "
+            f"{spread}): {verdict.number(med / m['predicted'])}x the prediction")
+
+
+def achieved(counts: Counts, seconds: float, ceil: ceilings.Ceilings, fmt: str = "fp32") -> dict:
+    """Achieved FLOP/s of `counts` done in `seconds`, and its fraction of the measured matmul ceiling in `fmt`."""
+    rate = counts.flops / seconds
+    return {"flops_per_s": rate, "fraction_of_ceiling": rate / ceil.rate(fmt)}
+
+
+def layers(net: torch.nn.Module, x: torch.Tensor, ceil: ceilings.Ceilings, fmt: str = "fp32",
+           min_run_time: float = 0.05) -> list[dict]:
+    """Per leaf layer of `net` on input x (forward only): FLOPs, bytes, bound, predicted and measured seconds
+    (timing.time_calls, CUDA-synchronized on a GPU), in forward order."""
+    inputs: dict[str, torch.Tensor] = {}
+    leaves = [(n, m) for n, m in net.named_modules() if not list(m.children())]
+    hooks = [m.register_forward_pre_hook(lambda mod, args, n=n: inputs.setdefault(n, args[0])) for n, m in leaves]
+    with torch.no_grad():
+        net(x)
+    for h in hooks:
+        h.remove()
+    rows = []
+    with torch.no_grad():
+        for name, mod in leaves:
+            if name not in inputs:
+                continue
+            c = count(mod, inputs[name])
+            if not c.ops:
+                continue
+            m = step_model(c, ceil, fmt)
+            times = timing.time_calls(lambda mod=mod, inp=inputs[name]: mod(inp), min_run_time=min_run_time)
+            rows.append({"layer": name, "type": type(mod).__name__, "flops": c.flops, "bytes": c.bytes,
+                         "kind": m["kind"], "predicted": m["predicted"], "measured": statistics.median(times)})
+    return rows
+
+
+def layer_lines(rows: list[dict]) -> list[str]:
+    """The per-layer table as printed lines, with each layer's share of the measured time."""
+    total = sum(r["measured"] for r in rows)
+    out = [f"{'layer':<24}{'type':<18}{'MFLOP':>9}{'MiB':>8}{'bound':>10}{'pred ms':>9}{'meas ms':>9}{'share':>7}"]
+    out += [f"{r['layer'][:23]:<24}{r['type'][:17]:<18}{r['flops'] / 1e6:>9.1f}{r['bytes'] / 2**20:>8.2f}"
+            f"{r['kind']:>10}{r['predicted'] * 1e3:>9.3f}{r['measured'] * 1e3:>9.3f}{r['measured'] / total:>7.0%}"
+            for r in rows]
+    return out
+
+
+def plot(ceil: ceilings.Ceilings, points: list[tuple[str, float, float, float]], ax=None):
+    """Log-log roofline: FLOP/s against FLOP/byte, one roof per measured matmul format (min(rate, bandwidth x
+    intensity)), and each point (label, FLOPs, bytes, seconds) at its intensity and achieved FLOP/s."""
+    import matplotlib.pyplot as plt
+
+    ax = ax or plt.subplots(figsize=(7, 4.5))[1]
+    xs = [f / b for _, f, b, _ in points if b > 0]
+    lo, hi = min([0.01, *xs]) / 2, max([1000, *xs]) * 2
+    grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    for fmt in ceil.formats():
+        ax.plot(grid, [min(ceil.rate(fmt), ceil.bandwidth * x) for x in grid], label=f"roof, {fmt} matmul")
+    for label, f, b, s in points:
+        ax.scatter([f / max(b, 1)], [f / s], zorder=3)
+        ax.annotate(label, (f / max(b, 1), f / s), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP per byte moved)",
+           ylabel="FLOP/s", title=f"roofline of {ceil.hardware} ({ceil.device}, measured ceilings)")
+    ax.legend(fontsize=8)
+    return ax
+
+
+def grade_prediction(cases: dict[str, tuple[float, float]], factor: float = PREDICTION_FACTOR,
+                     name: str = "Exercise 3") -> bool:
+    """cases: {op: (predicted s, measured s)}. Passes when every prediction is within `factor` of its measured time;
+    prints each. No clock here: tests inject the times."""
+    passed = True
+    for op, (pred, meas) in cases.items():
+        ok = pred is not None and isinstance(pred, (int, float)) and math.isfinite(pred) and pred > 0
+        ratio = pred / meas if ok else float("nan")
+        within = ok and 1 / factor <= ratio <= factor
+        passed &= within
+        shown = f"{verdict.number(pred * 1e3)} ms" if ok else repr(pred)
+        print(f"{name}, {op}: predicted {shown}, measured {verdict.number(meas * 1e3)} ms"
+              + (f" ({verdict.number(ratio)}x)" if ok else " (not a positive number of seconds)")
+              + (" ok" if within else f" outside {factor:g}x"))
+    print(f"{name}: {'passed' if passed else 'not yet'} (every prediction within {factor:g}x of the measured time)")
+    return passed
+
+
+def prediction_cases(device: str = "cpu", small: bool = False) -> dict[str, Callable[[], object]]:
+    """Lesson 00's three ops, one per regime: a matmul, a large elementwise add and a loop of tiny adds."""
+    n, elements = (256, 2**22) if small else (1024 if device == "cpu" else 4096, 2**24)
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    x, y = torch.randn(elements, device=device), torch.randn(elements, device=device)
+    tiny = torch.zeros(ceilings.TINY_ELEMENTS, device=device)
+
+    def tiny_loop():
+        z = tiny
+        for _ in range(50):
+            z = z * 1.01
+    return {f"{n}x{n} fp32 matmul": lambda: a @ b, f"add of {elements:,} floats": lambda: x + y,
+            "50 tiny multiplies": tiny_loop}
+
+
+def check_prediction(predict: Callable, ceil: ceilings.Ceilings, factor: float = PREDICTION_FACTOR) -> bool:
+    """Lesson 00's exercise: predict(flops, bytes, ops, ceil) -> seconds for each case, graded against its measured
+    median (timing.time_calls) within `factor`. Prints each case's three regime times, so the factor is judged."""
+    cases = {}
+    for op, fn in prediction_cases(ceil.device, small=ceil.size == "smoke").items():
+        c = count(fn)
+        b = bound(c.flops, c.bytes, c.n_ops, rate=ceil.rate(), bandwidth=ceil.bandwidth, per_op=ceil.per_op)
+        alone = ", ".join(f"{k} alone {verdict.number(s * 1e3)} ms" for k, s in b.seconds.items())
+        runner_up = sorted(b.seconds.values())[-2]
+        print(f"  {op}: {c.flops:,} FLOP, {c.bytes:,} bytes, {c.n_ops} ops; {alone}: the {b.kind} ceiling's time "
+              f"is {verdict.number(b.predicted / runner_up)}x the next one's")
+        measured = statistics.median(timing.time_calls(fn, min_run_time=ceilings.SECONDS[ceil.size]))
+        cases[op] = (predict(c.flops, c.bytes, c.n_ops, ceil), measured)
+    return grade_prediction(cases, factor)

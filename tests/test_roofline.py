@@ -1,0 +1,168 @@
+"""The performance model without a clock: FLOP and byte counts against hand-derived ones, the bound classifier on
+injected ceilings, the ceilings' summaries and noise flag from injected timings, saving and re-measuring, and lesson
+00's prediction exercise (starter and shortcut fail, the solution passes) on injected measurements."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from course_lib import ceilings, config, roofline
+from course_lib.exercise import exercise_cells, notebooks_folder, solution, starter
+
+F32 = 4  # bytes per fp32 element
+
+
+def fake_ceilings(rate=1e11, bandwidth=1e10, per_op=1e-5, size="full") -> ceilings.Ceilings:
+    """Ceilings with one block each (no clock): rate FLOP/s, bandwidth bytes/s, per_op seconds."""
+    rows = {"matmul fp32": ceilings.Ceiling("matmul fp32", "compute", (rate,)),
+            "memory": ceilings.Ceiling("memory", "memory", (bandwidth,)),
+            "per op": ceilings.Ceiling("per op", "overhead", (per_op,))}
+    return ceilings.Ceilings("test machine", "cpu", size, 2, torch.__version__, rows)
+
+
+# ---- counting -------------------------------------------------------------------------------------------------
+def test_matmul_counts_2mnk_flops_and_its_three_matrices():
+    m, k, n = 64, 32, 16
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    c = roofline.count(lambda: a @ b)
+    assert c.flops == c.matmul_flops == 2 * m * k * n
+    assert c.bytes == (m * k + k * n + m * n) * F32 and c.n_ops == 1
+
+
+def test_convolution_counts_flops_per_output_and_reads_input_weight_bias():
+    batch, cin, cout, hw, kk = 2, 3, 4, 8, 3
+    conv, x = torch.nn.Conv2d(cin, cout, kk, padding=1), torch.randn(batch, cin, hw, hw)
+    c = roofline.count(conv, x)
+    assert c.flops == c.matmul_flops == 2 * batch * cout * hw * hw * cin * kk * kk
+    assert c.bytes == (x.numel() + cout * cin * kk * kk + cout + batch * cout * hw * hw) * F32
+
+
+def test_elementwise_op_is_one_flop_per_element_and_reads_and_writes_each_once():
+    x, y = torch.randn(1000), torch.randn(1000)
+    c = roofline.count(lambda: x + y)
+    assert (c.flops, c.bytes, c.n_ops, c.matmul_flops) == (1000, 3 * 1000 * F32, 1, 0)
+    out = torch.empty(1000)
+    assert roofline.count(lambda: torch.add(x, y, out=out)).bytes == 3 * 1000 * F32  # out= counted once
+
+
+def test_fused_chain_moves_only_its_input_and_output():
+    x = torch.randn(4096)
+    eager = roofline.count(lambda: F.gelu(x * 2 + 1))  # three ops, each reads and writes 4096 floats
+    assert (eager.n_ops, eager.flops, eager.bytes) == (3, 3 * 4096, 3 * 2 * 4096 * F32)
+    one = roofline.fused(eager, [x], [F.gelu(x * 2 + 1)])
+    assert (one.n_ops, one.flops, one.bytes) == (1, eager.flops, 2 * 4096 * F32)
+
+
+def test_views_move_nothing_and_a_training_step_counts_backward():
+    x = torch.randn(8, 32)
+    assert roofline.count(lambda: x.t().unsqueeze(0)[0]).n_ops == 0
+    net = torch.nn.Linear(32, 10)
+    c = roofline.count(lambda: F.cross_entropy(net(x), torch.zeros(8, dtype=torch.long)).backward())
+    assert c.matmul_flops == 2 * 2 * 8 * 32 * 10  # forward and the weight's gradient (x needs none)
+    assert sum(o.flops for o in c.ops if o.name in ("addmm", "mm")) == c.matmul_flops
+
+
+# ---- the bound -------------------------------------------------------------------------------------------------
+def test_bound_picks_the_ceiling_that_takes_longest():
+    kw = dict(rate=1e11, bandwidth=1e10, per_op=1e-5)
+    assert roofline.bound(1e10, 1e6, 1, **kw).kind == "compute"  # 0.1 s compute vs 0.1 ms memory
+    assert roofline.bound(1e6, 1e9, 1, **kw).kind == "memory"  # 0.1 s of traffic
+    assert roofline.bound(1e3, 1e3, 1000, **kw).kind == "overhead"  # 10 ms of fixed costs
+    b = roofline.bound(1e10, 1e9, 1, **kw)
+    assert b.predicted == pytest.approx(0.1) and set(b.seconds) == set(roofline.KINDS)
+
+
+def test_step_model_sums_each_ops_bound_and_shares_it_by_kind():
+    ceil = fake_ceilings()
+    counts = roofline.Counts([roofline.Op("mm", int(1e10), int(1e6)), roofline.Op("add", 10, int(1e8)),
+                              *[roofline.Op("tiny", 1, 4)] * 100], 0)
+    m = roofline.step_model(counts, ceil)
+    assert m["predicted"] == pytest.approx(0.1 + 0.01 + 100 * 1e-5)
+    assert m["kind"] == "compute" and m["share"]["memory"] == pytest.approx(0.01 / m["predicted"])
+    line = roofline.explain("step", counts, ceil, [0.2, 0.22, 0.25])
+    assert "compute-bound" in line and "measured 220 ms" in line and "test machine" in line
+    assert roofline.achieved(counts, 0.2, ceil)["fraction_of_ceiling"] == pytest.approx(counts.flops / 0.2 / 1e11)
+
+
+def test_a_format_not_measured_is_a_clear_error():
+    with pytest.raises(KeyError, match="not native here"):
+        fake_ceilings().rate("bf16")
+
+
+# ---- ceilings from injected timings ----------------------------------------------------------------------------
+def test_summaries_turn_block_times_into_rates_with_a_spread_and_flag_noise():
+    c = ceilings.summarise("matmul fp32", "compute", 2e9, [0.02, 0.021, 0.019, 0.02])
+    assert c.median == pytest.approx(1e11) and len(c.values) == 4 and not ceilings.noisy(c)
+    assert "blocks" in c.text() and "NOISY" not in c.text()
+    slow = ceilings.summarise("per op", "overhead", 100, [1e-3, 1e-3, 3e-3, 1e-3])
+    assert slow.median == pytest.approx(1e-5) and ceilings.noisy(slow) and "NOISY" in slow.text()
+    with pytest.raises(ValueError, match="positive"):
+        ceilings.summarise("memory", "memory", 1e9, [])
+
+
+def test_measure_times_every_ceiling_through_the_injected_timer():
+    calls = []
+
+    def fake_time(fn, min_run_time):  # runs each call once, reports fixed seconds: no clock
+        fn()
+        calls.append(min_run_time)
+        return [0.01, 0.011, 0.012, 0.01, 0.0105]  # median 0.0105
+
+    found = ceilings.measure("cpu", size="smoke", time_fn=fake_time)
+    assert found.formats()[0] == "fp32" and {"memory", "per op"} <= set(found.rows)
+    assert found.rate() == pytest.approx(2 * ceilings.SMOKE_MATMUL_N**3 / 0.0105)
+    assert found.per_op == pytest.approx(0.0105 / ceilings.LOOP_OPS)
+    assert all(t == ceilings.SECONDS["smoke"] for t in calls) and len(calls) == len(found.rows)
+
+
+def test_saved_ceilings_are_reused_and_remeasured_when_stale(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(config.BUILD_ENV, str(tmp_path))
+    monkeypatch.setenv(config.SIZE_ENV, "full")
+    measured = []
+    monkeypatch.setattr(ceilings, "measure", lambda device: measured.append(device) or fake_ceilings())
+    ceilings.load("cpu")  # none saved: measures and saves
+    assert measured == ["cpu"] and ceilings.path("cpu").exists()
+    again = ceilings.load("cpu")  # saved: read back
+    assert measured == ["cpu"] and again.rate() == pytest.approx(1e11)
+    saved = json.loads(ceilings.path("cpu").read_text())
+    ceilings.path("cpu").write_text(json.dumps({**saved, "size": "smoke"}))
+    ceilings.load("cpu")  # a smoke measurement does not serve a full run
+    assert measured == ["cpu", "cpu"] and "saved at smoke size" in capsys.readouterr().out
+
+
+# ---- lesson 00's prediction exercise ---------------------------------------------------------------------------
+def roofline_times(ceil) -> dict:
+    """Measured seconds for three ops as the roofline says, each reaching 60 % of its roof (injected, no clock)."""
+    ops = {"matmul": (2e9, 1.2e7, 1), "add": (1.6e7, 1.9e8, 1), "tiny loop": (800, 6400, 50)}
+    return {op: (f, b, n, roofline.bound(f, b, n, rate=ceil.rate(), bandwidth=ceil.bandwidth,
+                                         per_op=ceil.per_op).predicted / 0.6) for op, (f, b, n) in ops.items()}
+
+
+def graded(predict) -> bool:
+    ceil = fake_ceilings()
+    return roofline.grade_prediction({op: (predict(f, b, n, ceil), t)
+                                      for op, (f, b, n, t) in roofline_times(ceil).items()})
+
+
+def test_prediction_exercise_starter_and_shortcut_fail_and_the_solution_passes(capsys):
+    assert graded(starter("00", 3)["predict_seconds"]) is False
+    assert "not a positive number" in capsys.readouterr().out
+    assert graded(lambda flops, moved, ops, ceil: flops / ceil.rate()) is False  # compute alone: the usual shortcut
+    assert graded(lambda flops, moved, ops, ceil: moved / ceil.bandwidth) is False  # memory alone
+    assert graded(solution("00_setup")["predict_seconds"]) is True
+
+
+def test_prediction_grading_bounds_the_factor_both_ways():
+    assert roofline.grade_prediction({"op": (1.0, 2.9)}) is True
+    assert roofline.grade_prediction({"op": (1.0, 3.1)}) is False
+    assert roofline.grade_prediction({"op": (3.1, 1.0)}) is False
+    assert roofline.grade_prediction({"op": (math.nan, 1.0)}) is False
+
+
+def test_lesson_00_carries_the_exercise_and_a_check_that_measures():
+    cells = exercise_cells(next(notebooks_folder().glob("00_*.ipynb")))["3"]
+    assert "check_prediction" in cells["CHECK"] and "solutions" not in cells["CHECK"]
