@@ -12,7 +12,7 @@ LOCK_FLAGS ?=
 # Data: COURSE_DATA if set, else ../shared/data/cifar10-jpeg where it exists, else torchvision's download
 # (course_lib.config.data_source decides, for the lessons, the CLI, the scripts and the tests alike).
 
-.PHONY: course test lessons lab venv lock clean
+.PHONY: course test lessons lab venv lock site clean
 
 venv: $(STAMP)
 
@@ -52,6 +52,11 @@ test: $(STAMP)
 ## Re-run the lessons and write their outputs back into notebooks/ (what is committed).
 lessons: $(STAMP)
 	COURSE_SIZE=$${COURSE_SIZE:-full} $(BIN)/python -m course_lib.runner --inplace
+
+## The course as a website in build/site/: the committed notebooks with their outputs (nothing executed), the landing
+## page from this README, the results pages; offline, warnings as errors. tests/test_site.py runs the same script.
+site: $(STAMP)
+	$(BIN)/python scripts/build_site.py
 
 ## Open the lessons in JupyterLab.
 lab: $(STAMP)
