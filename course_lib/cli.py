@@ -3,22 +3,25 @@ COURSE_SIZE, with its outputs in $COURSE_BUILD/runs/<run_name> and runs that an 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
 
 import lightning as L
-from jsonargparse import Namespace, get_loader
-from lightning.pytorch.callbacks import ModelCheckpoint
+from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from . import config, hardware, runs
+from . import config, hardware, runfolder, runs
+from .arguments import check_config_files, configs_first, explicit_keys, resume_command
 from .data import CIFAR10DataModule
 from .modules import ImageClassifierModule
+from .runfolder import CourseError, run_checkpoints
+
+__all__ = ["CourseCLI", "CourseError", "EpochLines", "log_defaults", "main", "run_checkpoints"]
 
 DEBUG_ENV = "COURSE_DEBUG"  # set to 1 (or pass --debug) for the full traceback of the course's own errors
 PACKAGE = Path(__file__).resolve().parent
@@ -29,16 +32,26 @@ class EpochLines(L.Callback):
     """One line per epoch (time and logged metrics) instead of a progress bar, for logs written to a file."""
 
     _start: float | None = None
+    _resumed_at = 0  # batches of the first epoch done before a mid-epoch resume (its train metrics miss them)
 
     def _print_finished_epoch(self, trainer) -> None:
         """Print the epoch that just ended; its train metrics exist only once the module's epoch-end hook ran."""
         if self._start is not None:
             metrics = " | ".join(f"{k} {v.item():.4g}" for k, v in sorted(trainer.callback_metrics.items()))
+            resumed = (f" | resumed: train metrics from batch {self._resumed_at + 1} on"
+                       if self._resumed_at else "")
             print(f"epoch {trainer.current_epoch}/{trainer.max_epochs} | {time.perf_counter() - self._start:.1f} s "
-                  f"with validation | {metrics}", flush=True)
+                  f"with validation | {metrics}{resumed}", flush=True)
+            self._resumed_at = 0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.completed if trainer.ckpt_path else 0
+        self._resumed_at = done if 0 < done < trainer.num_training_batches else 0
+        self._start = time.perf_counter() if self._resumed_at else None  # no epoch-start hook for a resumed epoch
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        self._print_finished_epoch(trainer)  # current_epoch already counts the finished one
+        if self._start is not None:
+            self._print_finished_epoch(trainer)  # current_epoch already counts the finished one
         self._start = time.perf_counter()
 
     def on_train_end(self, trainer, pl_module) -> None:
@@ -71,7 +84,7 @@ class StopAtStepEnd(L.Callback):
         signal.raise_signal(signal.SIGTERM)  # Lightning's own graceful stop at the end of the step
 
     def on_exception(self, trainer, pl_module, exception) -> None:
-        if isinstance(exception, SIGTERMException):
+        if isinstance(exception, (SIGTERMException, KeyboardInterrupt)):
             self.signum = self.signum or signal.SIGTERM
             self.stopped_at = f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}, step {trainer.global_step}"
         self._restore()
@@ -85,34 +98,9 @@ class StopAtStepEnd(L.Callback):
             self._previous = None
 
 
-class NoEmptyRunFolders(L.Callback):
-    """A run that fails before its first training step leaves no empty logs/version_N folder behind."""
-
-    def on_exception(self, trainer, pl_module, exception) -> None:
-        if isinstance(exception, SIGTERMException) or trainer.global_step > 0:
-            return  # an interrupted run's logs stay, next to its last.ckpt
-        for logger in trainer.loggers:
-            folder = Path(logger.log_dir) if getattr(logger, "log_dir", None) else None
-            if folder and folder.is_dir() and not (folder / "metrics.csv").exists():
-                shutil.rmtree(folder, ignore_errors=True)
-
-
-def run_checkpoints(folder: Path) -> list[ModelCheckpoint]:
-    """The run's checkpoints: best.ckpt at the highest val_acc, and last.ckpt after every epoch and on any interrupt
-    (SIGINT, SIGTERM, an exception), whatever the monitor; `--ckpt_path last` resumes from it."""
-    return [ModelCheckpoint(dirpath=folder, filename="best", monitor="val_acc", mode="max",
-                            enable_version_counter=False),
-            ModelCheckpoint(dirpath=folder, filename="last", save_top_k=0, save_last=True, save_on_exception=True,
-                            enable_version_counter=False)]
-
-
 def log_defaults(interactive: bool) -> dict:
     """Trainer defaults for the output: the progress bar in a terminal, one line per epoch when redirected."""
     return {} if interactive else {"enable_progress_bar": False, "callbacks": [EpochLines()]}
-
-
-class CourseError(Exception):
-    """Bad input to the CLI, with its remedy in the message."""
 
 
 class CourseCLI(LightningCLI):
@@ -125,16 +113,46 @@ class CourseCLI(LightningCLI):
         parser.set_defaults(runs.cli_defaults())
 
     def parse_arguments(self, parser, args) -> None:
-        """Parse; `--ckpt_path last` becomes the run's last.ckpt where it exists (so the model is built from the
-        checkpoint's settings, as for a file path), and the model flags given explicitly are kept for a check."""
+        """Parse; `--ckpt_path last` becomes the run's last.ckpt (so the model is built from the checkpoint's
+        settings, as for a file path), the checkpoint is read once with clear errors, the data settings that choose
+        the held-out images come from it, and the model flags given explicitly are kept for a check."""
         super().parse_arguments(parser, args)
         cfg = self.config[self.config.subcommand] if self.config.get("subcommand") else self.config
         last = config.build_dir().resolve() / "runs" / cfg.run_name / "checkpoints" / "last.ckpt"
-        if cfg.get("ckpt_path") == "last" and last.is_file():
+        if cfg.get("ckpt_path") == "last":
+            if not last.is_file():
+                raise CourseError(f"--ckpt_path last: no {last} to resume (the run {cfg.run_name!r} never finished "
+                                  f"an epoch or was never started). Run without --ckpt_path to start it, or pass "
+                                  f"--run_name of the run to resume.")
             cfg.ckpt_path = str(last)
         argv = sys.argv[1:] if args is None else list(args)
         keys = {a[len("--model."):].split("=")[0] for a in argv if a.startswith("--model.")}
         self._explicit_model = {k: cfg.model.get(k) for k in keys if k in cfg.model}
+        if cfg.get("ckpt_path"):
+            self._data_from_checkpoint(cfg, runfolder.read_checkpoint(cfg.ckpt_path), explicit_keys(argv, "data"))
+
+    def _data_from_checkpoint(self, cfg, ckpt: dict, explicit: set[str]) -> None:
+        """The settings that choose the held-out images (SPLIT_KEYS) come from the checkpoint, so that test and
+        validate grade on images the model never trained on; a flag or config that contradicts them is refused."""
+        if cfg.data.get("test_folder") and self.config.subcommand != "fit":
+            return  # a foreign folder is graded whole: no split is carved
+        recorded = ckpt.get("datamodule_hyper_parameters") or {}
+        if not recorded:
+            print(f"note: {cfg.ckpt_path} records no data settings: the held-out split is carved with seed "
+                  f"{cfg.data.seed}, val_fraction {cfg.data.val_fraction}, test_fraction {cfg.data.test_fraction}; "
+                  f"if the model was trained with others, some of these images were in its training set.",
+                  file=sys.stderr)
+        for key in (k for k in runfolder.SPLIT_KEYS if k in recorded):
+            if key in explicit and cfg.data.get(key) != recorded[key]:
+                raise CourseError(f"--data.{key} {cfg.data.get(key)} contradicts {cfg.ckpt_path}, whose run had "
+                                  f"{key}={recorded[key]}: the held-out images follow the checkpoint's settings "
+                                  f"(others would mix its training images into the split). Drop --data.{key} (and "
+                                  f"any {key} in a config), or grade other images with --data.test_folder.")
+            cfg.data[key] = recorded[key]
+        if recorded.get("image_folder") != cfg.data.get("image_folder"):
+            print(f"note: {cfg.ckpt_path} was trained on {recorded.get('image_folder') or 'torchvision CIFAR-10'}, "
+                  f"these data are {cfg.data.get('image_folder') or 'torchvision CIFAR-10'}: its splits are carved "
+                  f"from the latter.", file=sys.stderr)
 
     def _check_explicit_model_flags(self, cfg) -> None:
         """A checkpoint's settings replace the config's; an explicit --model flag that contradicts them is an error
@@ -171,19 +189,54 @@ class CourseCLI(LightningCLI):
                               f"{cfg.data.test_folder} cannot be mapped to its outputs. Name them in the order the "
                               f"model was trained on, e.g. --model.classes '[airplane, cat, ship]', or pass a "
                               f"checkpoint written by this course's fit (it records them).")
+        if cfg.data.batch_size < 1:
+            raise CourseError(f"--data.batch_size {cfg.data.batch_size}: a batch needs at least one image. Pass a "
+                              f"positive size, e.g. --data.batch_size 64.")
         run_dir = config.build_dir().resolve() / "runs" / cfg.run_name
+        ckpt_dir = run_dir / "checkpoints"
+        if self.subcommand == "fit":
+            self._claim_run_folder(cfg, run_dir, ckpt_dir)
+        else:
+            runfolder.writable(run_dir)
         if trainer.default_root_dir is None:
             trainer.default_root_dir = str(run_dir)
         if trainer.logger in (None, True):
             trainer.logger = Namespace(class_path="lightning.pytorch.loggers.CSVLogger",
                                        init_args=Namespace(save_dir=str(run_dir), name="logs"))
-        ckpt_dir = run_dir / "checkpoints"
-        if self.subcommand == "fit" and cfg.ckpt_path is None and (ckpt_dir / "last.ckpt").exists():
+        callbacks = self.trainer_defaults.setdefault("callbacks", [])
+        callbacks += [*run_checkpoints(ckpt_dir), runfolder.NoEmptyRunFolders()]
+        if self.subcommand == "predict":
+            callbacks.append(runfolder.PredictionCSV(run_dir / "predictions.csv"))
+
+    def instantiate_trainer(self, **kwargs):
+        """The Trainer, writing checkpoints atomically (runfolder.AtomicCheckpointIO) unless --trainer.plugins
+        names plugins of its own."""
+        if not self._get(self.config_init, "trainer", default={}).get("plugins"):
+            kwargs.setdefault("plugins", [runfolder.AtomicCheckpointIO()])
+        return super().instantiate_trainer(**kwargs)
+
+    def _claim_run_folder(self, cfg, run_dir: Path, ckpt_dir: Path) -> None:
+        """A fit holds the run folder's lock for its lifetime (a second fit of it is refused, naming the first),
+        resumes only this run's own checkpoints, and never overwrites an earlier run's last.ckpt."""
+        self._lock = runfolder.RunLock(run_dir).acquire()
+        if cfg.ckpt_path and Path(cfg.ckpt_path).resolve().parent != ckpt_dir:
+            raise CourseError(f"fit --ckpt_path resumes this run's own checkpoints ({ckpt_dir}); "
+                              f"{cfg.ckpt_path} belongs to another run, whose state would replace this run's "
+                              f"last.ckpt. Resume that run with its own --run_name and --ckpt_path last, or start "
+                              f"from its weights in Python (ImageClassifierModule.load_from_checkpoint).")
+        if cfg.ckpt_path is None and (ckpt_dir / "last.ckpt").exists():
             raise CourseError(f"{ckpt_dir / 'last.ckpt'} holds an earlier run, which a new fit would overwrite. "
                               f"Resume it with --ckpt_path last, start a new run with --run_name <another name>, "
                               f"or delete {ckpt_dir} first.")
-        callbacks = self.trainer_defaults.setdefault("callbacks", [])
-        callbacks += [*run_checkpoints(ckpt_dir), NoEmptyRunFolders()]
+        if ckpt_dir.is_dir():
+            runfolder.remove_stale_temporaries(ckpt_dir)
+
+
+def _exit_now(signum, frame) -> None:
+    """Ctrl+C while the process exits: out at once, without the traceback a KeyboardInterrupt in an exit handler
+    prints ("Exception ignored in atexit callback")."""
+    sys.stderr.flush()
+    os._exit(128 + signum)
 
 
 def _strip_debug(args: list[str] | None) -> tuple[list[str] | None, bool]:
@@ -204,40 +257,14 @@ def _course_error(err: BaseException) -> bool:
     return isinstance(err, CourseError) or raised_here and isinstance(err, (ValueError, OSError, RuntimeError))
 
 
-def check_config_files(argv: list[str]) -> None:
-    """Parse every --config file first, so a YAML syntax error names its file and line (jsonargparse's does not)."""
-    paths = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--config", "-c")]
-    paths += [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
-    for path in paths:
-        if not Path(path).is_file():
-            continue  # jsonargparse names a missing file itself
-        try:
-            get_loader("yaml")(Path(path).read_text())  # the loader LightningCLI's parser itself uses
-        except Exception as err:  # yaml's errors (pyyaml comes with jsonargparse, not as our own dependency)
-            where = getattr(err, "problem_mark", None)
-            line = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
-            raise CourseError(f"{path}: YAML syntax error{line}: {getattr(err, 'problem', None) or err}. Fix the "
-                              f"file (indentation and brackets are the usual culprits).") from None
-
-
-def _resume_command(args: list[str]) -> str:
-    """The command line that resumes this run: the same arguments and --ckpt_path last."""
-    kept, skip = [], False
-    for a in args:
-        if skip or a.startswith("--ckpt_path="):
-            skip = False
-            continue
-        if a == "--ckpt_path":
-            skip = True
-            continue
-        kept.append(a)
-    return " ".join(["python -m course_lib", *kept, "--ckpt_path", "last"])
-
-
 def main(args: list[str] | None = None) -> CourseCLI:
     """Entry point; `args` lets tests call it in-process. A stopped fit exits 128 + the signal's number (130 for
     Ctrl+C, 143 for SIGTERM) and says how to resume; the course's own errors print as their message alone."""
     args, debug = _strip_debug(args)
+    if args is None:
+        sys.argv[1:] = configs_first(sys.argv[1:])
+    else:
+        args = configs_first(args)
     try:
         check_config_files(sys.argv[1:] if args is None else args)
     except CourseError as err:
@@ -249,17 +276,25 @@ def main(args: list[str] | None = None) -> CourseCLI:
     try:
         return CourseCLI(ImageClassifierModule, CIFAR10DataModule, seed_everything_default=0, args=args,
                          save_config_kwargs={"overwrite": True}, trainer_defaults=defaults)
-    except SIGTERMException:
+    except (SIGTERMException, SystemExit) as stop:
+        if isinstance(stop, SystemExit) and not stopper.stopped_at:
+            raise  # --help, --print_config, a parser error: not a stopped run
         name, argv = signal.Signals(stopper.signum or signal.SIGTERM).name, sys.argv[1:] if args is None else args
         if "fit" in argv[:1]:
             print(f"\nStopped by {name} at {stopper.stopped_at or 'the start'}; last.ckpt holds that state. "
-                  f"Resume with:\n  {_resume_command(argv)}", file=sys.stderr)
+                  f"Resume with:\n  {resume_command(argv)}", file=sys.stderr)
         else:
             print(f"\nStopped by {name}.", file=sys.stderr)
         raise SystemExit(128 + (stopper.signum or signal.SIGTERM)) from None
     except Exception as err:
+        for folder, variable in ((config.build_dir(), config.BUILD_ENV), (config.data_root(), config.DATA_ROOT_ENV)):
+            if isinstance(err, OSError) and not debug and runfolder.under(err.filename, folder):
+                err = runfolder.unwritable(Path(err.filename).parent, err, variable)  # the course's own folders
         if debug or not _course_error(err):
             raise
         print(f"error: {err}\n(run with --debug or {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
         raise SystemExit(1) from None
+    finally:
+        if args is None and threading.current_thread() is threading.main_thread():  # a command, not a test's call
+            signal.signal(signal.SIGINT, _exit_now)  # leaving: only exit handlers run from here on
 

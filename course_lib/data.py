@@ -52,8 +52,9 @@ class ImageTensorDataset(Dataset):
     """uint8 images in memory, normalised (and optionally augmented) a whole batch at a time."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, mean=CIFAR10_MEAN, std=CIFAR10_STD,
-                 augment: bool = False):
+                 augment: bool = False, index: torch.Tensor | None = None):
         self.images, self.labels, self.mean, self.std, self.augment = images, labels, mean, std, augment
+        self.index = torch.arange(len(labels)) if index is None else index  # each image's position in its source
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -85,6 +86,20 @@ def split_indices(n: int, fractions: list[float], seed: int) -> list[torch.Tenso
     return list(torch.split(perm, sizes + [n - sum(sizes)]))
 
 
+def load_tensor_file(path: str | Path) -> dict:
+    """A .pt file of {'images', 'labels', 'classes'} tensors; anything else is one error naming the file and remedy."""
+    remedy = (f"{path} (COURSE_DATA or --data.image_folder) must be a tensor file of images, labels and classes, "
+              f"such as scripts/gpu_check.py --make-subset writes; or point COURSE_DATA at an image folder")
+    try:
+        data = torch.load(path, weights_only=True)
+    except Exception as err:  # unpickling refused, truncated, not a torch file: torch's text suggests unsafe loads
+        raise ValueError(f"{remedy}; it cannot be read as one ({type(err).__name__}).") from None
+    if not isinstance(data, dict) or not {"images", "labels", "classes"} <= set(data):
+        keys = sorted(map(str, data))[:5] if isinstance(data, dict) else ""
+        raise ValueError(f"{remedy}; it holds a {type(data).__name__} {keys}.")
+    return data
+
+
 _LOADED: dict[tuple, dict] = {}  # decoded splits, so that benchmarks building many DataModules read the disk once
 
 
@@ -102,6 +117,7 @@ class CIFAR10DataModule(L.LightningDataModule):
         self.data_dir = Path(data_dir) if data_dir else config.data_root()
         self.classes: list[str] = []
         self._resumed_rng_state: torch.Tensor | None = None  # from a checkpoint, for the next training loader
+        self._test_source: tuple[Path | None, str] = (None, "test")  # the test images' folder (None: no files), split
 
     def _load(self, split: str, load: bool = True) -> dict | None:
         """One split's tensors from the chosen source (once per process), or None if the source has no such split."""
@@ -119,7 +135,7 @@ class CIFAR10DataModule(L.LightningDataModule):
             return None if split == "val" else load_torchvision_cifar10(self.data_dir, split == "train",
                                                                         hp.mirror_url)
         if str(hp.image_folder).endswith(".pt"):  # a saved tensor cache (e.g. a subset carried to a GPU machine)
-            return torch.load(hp.image_folder, weights_only=True) if split == "train" and load else None
+            return load_tensor_file(hp.image_folder) if split == "train" and load else None
         if split != "train" and not (Path(hp.image_folder) / split).is_dir():
             return None
         return load_image_folder(Path(hp.image_folder) / split, self.data_dir / "cache", load=load)
@@ -143,6 +159,7 @@ class CIFAR10DataModule(L.LightningDataModule):
             self.classes = model_classes or (CIFAR10_CLASSES if hp.image_folder is None
                                              else list_image_folder(Path(hp.image_folder) / "train")[2])
             self.test_set = self._dataset(self._foreign_test(hp.test_folder), hp.eval_subset)
+            self._test_source = (self._test_folder(), "test_folder")
             return
         train = self._load("train")
         self.classes = train["classes"]
@@ -151,18 +168,39 @@ class CIFAR10DataModule(L.LightningDataModule):
                              f"{hp.image_folder or 'torchvision CIFAR-10'} have {self.classes}, so its labels would "
                              f"be wrong. Point COURSE_DATA (--data.image_folder) at data with the model's classes, "
                              f"or grade a folder of class-named images with --data.test_folder.")
-        val, test = self._load("val"), self._load("test")
+        val, test = self._by_name(self._load("val"), "val"), self._by_name(self._load("test"), "test")
+        source = Path(hp.image_folder) if hp.image_folder and not str(hp.image_folder).endswith(".pt") else None
+        self._test_source = (source and source / ("test" if test is not None else "train"),  # names for predict
+                             "test" if test is not None else "train")
         carve = ([hp.val_fraction] if val is None else []) + ([hp.test_fraction] if test is None else [])
         parts = split_indices(len(train["labels"]), carve, hp.seed) if carve else [torch.arange(len(train["labels"]))]
-        take = lambda d, i: {"images": d["images"][i], "labels": d["labels"][i]}  # noqa: E731
+        take = lambda d, i: {"images": d["images"][i], "labels": d["labels"][i], "index": i}  # noqa: E731
         val = val if val is not None else take(train, parts.pop(0))
         test = test if test is not None else take(train, parts.pop(0))
         train = take(train, parts.pop(0))
         if hp.test_folder:
-            test = self._foreign_test(hp.test_folder)
+            test, self._test_source = self._foreign_test(hp.test_folder), (self._test_folder(), "test_folder")
         self.train_set = self._dataset(train, hp.subset, augment=hp.augment)
         self.val_set = self._dataset(val, hp.eval_subset)
         self.test_set = self._dataset(test, hp.eval_subset)
+
+    def _by_name(self, d: dict | None, split: str) -> dict | None:
+        """A val/test split read from its own folder, labelled through the training classes by name (it may lack some:
+        its indices would shift); a class that train/ lacks is refused."""
+        if d is None or list(d["classes"]) == list(self.classes):
+            return d
+        unknown = sorted(set(d["classes"]) - set(self.classes))
+        if unknown:
+            raise ValueError(f"{Path(self.hparams.image_folder) / split} has classes {unknown} that its train/ "
+                             f"lacks ({self.classes}). Give both splits the same class folders.")
+        remap = torch.tensor([self.classes.index(c) for c in d["classes"]])
+        return {**d, "labels": remap[d["labels"]], "classes": list(self.classes)}
+
+    def test_names(self) -> list[str]:
+        """Where each test image comes from, in the test set's order: its file, or <split>[i] without files."""
+        folder, split = self._test_source
+        files = list_image_folder(folder)[0] if folder else None
+        return [str(files[i]) if files else f"{split}[{i}]" for i in self.test_set.index.tolist()]
 
     def _test_folder(self) -> Path:
         """The --data.test_folder path, checked: a missing one is named as the test folder, with its remedy."""
@@ -194,12 +232,12 @@ class CIFAR10DataModule(L.LightningDataModule):
 
     def _dataset(self, d: dict, subset: int | None, augment: bool = False) -> ImageTensorDataset:
         """Wrap a split, keeping a seeded random subset of it for small runs."""
-        images, labels = d["images"], d["labels"]
+        images, labels, index = d["images"], d["labels"], d.get("index", torch.arange(len(d["labels"])))
         if subset is not None and subset < len(labels):
             keep = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.hparams.seed))[:subset]
-            images, labels = images[keep], labels[keep]
+            images, labels, index = images[keep], labels[keep], index[keep]
         mean, std = (self.hparams.mean, self.hparams.std) if self.hparams.normalize else (None, None)
-        return ImageTensorDataset(images, labels, mean, std, augment)
+        return ImageTensorDataset(images, labels, mean, std, augment, index=index)
 
     def _loader(self, ds: ImageTensorDataset, train: bool) -> DataLoader:
         hp = self.hparams

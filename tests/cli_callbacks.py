@@ -1,6 +1,7 @@
 """Callbacks the CLI tests add to real `python -m course_lib fit` runs (PYTHONPATH=tests): stop them at a known step."""
 from __future__ import annotations
 
+import atexit
 import time
 from pathlib import Path
 
@@ -31,3 +32,15 @@ class RaiseAtStep(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step == self.step:
             raise RuntimeError(f"crash injected after step {self.step}")
+
+
+class SlowExit(L.Callback):
+    """At interpreter exit, write `marker` and take `seconds`: an exit handler slow enough to press Ctrl+C in."""
+
+    def __init__(self, marker: str, seconds: float = 5.0):
+        atexit.register(self._exit, marker, seconds)
+
+    @staticmethod
+    def _exit(marker: str, seconds: float) -> None:
+        Path(marker).write_text("exiting")
+        time.sleep(seconds)

@@ -1,0 +1,208 @@
+"""A CLI run's folder: one run at a time (a lock held for the run's lifetime), checkpoints written atomically,
+last.ckpt after every epoch, and checkpoints read with errors that name the file and the remedy."""
+from __future__ import annotations
+
+import csv
+import io
+import os
+import pickle
+import shlex
+import shutil
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from . import config
+
+try:  # POSIX; Windows locks through msvcrt instead
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
+    import msvcrt
+
+LOCK_NAME = ".run.lock"  # in the run folder; its text names the process that holds it
+SPLIT_KEYS = ("seed", "val_fraction", "test_fraction", "subset", "eval_subset")  # what decides the held-out images
+
+
+class CourseError(Exception):
+    """Bad input to the CLI, with its remedy in the message."""
+
+
+def unwritable(folder: Path, err: OSError, variable: str = config.BUILD_ENV) -> CourseError:
+    """The one message for an OS error on the course's own output or cache folders: the folder, the reason, and the
+    variable that moves it (COURSE_BUILD for runs, COURSE_DATA_ROOT for downloads and caches)."""
+    return CourseError(f"Cannot write to {folder} ({err.strerror or err}). Make it writable, or set {variable} to a "
+                       f"folder you can write to.")
+
+
+def writable(folder: Path) -> Path:
+    """The folder, created if needed, after a probe write; an OS error names it and the variable that sets it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as err:
+        raise unwritable(folder, err) from None
+    return folder
+
+
+class RunLock:
+    """An exclusive lock on a run folder, held while the process lives (the OS drops it even on SIGKILL); a second
+    run of the same folder is refused with the holder's pid and command."""
+
+    def __init__(self, folder: Path):
+        self.folder, self._file = Path(folder), None
+
+    def acquire(self) -> RunLock:
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            handle = open(self.folder / LOCK_NAME, "a+")  # noqa: SIM115 - kept open: the lock lives with it
+        except OSError as err:
+            raise unwritable(self.folder, err) from None
+        try:
+            if fcntl:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            else:  # pragma: no cover - Windows
+                msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK, 1)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process (starting up)"
+            handle.close()
+            raise CourseError(f"{self.folder} is in use by a running fit: {holder}. Wait for it to end or stop it, "
+                              f"or start this one with --run_name <another name>.") from None
+        handle.seek(0)
+        handle.truncate()
+        command = [sys.executable, "-m", "course_lib", *sys.argv[1:]] if sys.argv[0].endswith("__main__.py") \
+            else sys.argv
+        handle.write(f"pid {os.getpid()}, command {shlex.join(command)}\n")
+        handle.flush()
+        self._file = handle
+        return self
+
+    def release(self) -> None:
+        if self._file is not None:
+            self._file.close()  # closing drops the lock
+            self._file = None
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """torch.save into a temporary file in the checkpoint's own folder, flushed to disk, then os.replace: a process
+    killed at any instant leaves the previous checkpoint or the new one, never half a file. (Lightning's own save
+    goes through a temporary file in the system's temp folder, which is a copy, not a rename, across disks.)"""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        path = Path(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        except OSError as err:
+            raise unwritable(path.parent, err) from None
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write a text file through a temporary file beside it and os.replace; OS errors name the folder."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", newline="") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as err:
+        raise unwritable(path.parent, err) from None
+
+
+class PredictionCSV(BasePredictionWriter):
+    """predict's output: one row per image (file, predicted class, confidence) in <run folder>/predictions.csv,
+    whose path it prints."""
+
+    def __init__(self, path: Path):
+        super().__init__(write_interval="epoch")
+        self.path = Path(path)
+
+    def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices) -> None:
+        probs = torch.cat([p.float().cpu() for p in predictions])  # (N, classes) softmax outputs
+        confidence, index = probs.max(dim=1)
+        dm = trainer.datamodule
+        names = dm.test_names() if hasattr(dm, "test_names") else [str(i) for i in range(len(probs))]
+        classes = list(pl_module.hparams.get("classes") or getattr(dm, "classes", None) or range(probs.shape[1]))
+        rows = io.StringIO()
+        out = csv.writer(rows)
+        out.writerow(["file", "predicted_class", "confidence"])
+        out.writerows([name, classes[i], f"{c:.4f}"] for name, i, c in zip(names, index.tolist(),
+                                                                            confidence.tolist()))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(self.path, rows.getvalue())
+        print(f"Predictions for {len(probs)} images written to {self.path}", flush=True)
+
+
+class NoEmptyRunFolders(L.Callback):
+    """A run that fails before its first training step leaves no empty logs/version_N folder behind."""
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        if isinstance(exception, SIGTERMException) or trainer.global_step > 0:
+            return  # an interrupted run's logs stay, next to its last.ckpt
+        for logger in trainer.loggers:
+            folder = Path(logger.log_dir) if getattr(logger, "log_dir", None) else None
+            if folder and folder.is_dir() and not (folder / "metrics.csv").exists():
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def under(path, folder: Path) -> bool:
+    """Whether a path (an OSError's filename, maybe None) lies in folder."""
+    return bool(path) and Path(folder).resolve() in (Path(path).resolve(), *Path(path).resolve().parents)
+
+
+def remove_stale_temporaries(folder: Path) -> None:
+    """Delete half-written checkpoints (.<name>.ckpt.*.tmp) that a killed run left; call only under the run lock."""
+    for tmp in Path(folder).glob(".*.ckpt.*.tmp"):
+        tmp.unlink(missing_ok=True)
+
+
+def run_checkpoints(folder: Path) -> list[ModelCheckpoint]:
+    """The run's checkpoints: best.ckpt at the highest val_acc, and last.ckpt after every epoch (the top-1 of no
+    monitor, i.e. the newest, replaced each epoch) and on any stop (SIGINT, SIGTERM, an exception).
+
+    Lightning's save_last=True with save_top_k=0 writes last.ckpt only in a step where a top-k checkpoint was saved,
+    i.e. at the very end or on an exception: a SIGKILL mid-run left none. So last.ckpt is the top-k file itself."""
+    return [ModelCheckpoint(dirpath=folder, filename="best", monitor="val_acc", mode="max",
+                            enable_version_counter=False),
+            ModelCheckpoint(dirpath=folder, filename="last", monitor=None, save_top_k=1, every_n_epochs=1,
+                            save_on_exception=True, enable_version_counter=False)]
+
+
+def read_checkpoint(path: str | Path, flag: str = "--ckpt_path") -> dict:
+    """A checkpoint's contents through torch.load(weights_only=True); a missing, truncated, foreign or unsafe file is
+    one error naming the file, the flag that gave it and the remedy."""
+    path = Path(path)
+    if not path.is_file():
+        raise CourseError(f"{flag} {path}: no such file. Pass the path of a .ckpt written by fit (in "
+                          f"$COURSE_BUILD/runs/<run_name>/checkpoints/), or 'last' to resume this run.")
+    try:
+        ckpt = torch.load(path, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as err:
+        raise CourseError(f"{flag} {path} holds Python objects beyond tensors and plain values, which this course "
+                          f"never loads (torch.load(weights_only=True) refused: {str(err).splitlines()[0][:160]}). "
+                          f"Use a checkpoint written by this course's fit; never load one you do not trust with "
+                          f"weights_only=False.") from None
+    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile) as err:
+        raise CourseError(f"{flag} {path} cannot be read: it is cut short or not a checkpoint "
+                          f"({type(err).__name__}: {str(err).splitlines()[0][:160]}). Use another checkpoint (e.g. "
+                          f"best.ckpt beside it), or start the run afresh.") from None
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        raise CourseError(f"{flag} {path} is a torch file but not a Lightning checkpoint (no state_dict). Pass a "
+                          f".ckpt written by fit.")
+    return ckpt
