@@ -141,8 +141,9 @@ def explain(name: str, counts: Counts, ceil: ceilings.Ceilings, measured: list[f
 
 
 def achieved(counts: Counts, seconds: float, ceil: ceilings.Ceilings, fmt: str = "fp32") -> dict:
-    """Achieved FLOP/s of `counts` done in `seconds`, and its fraction of the measured matmul ceiling in `fmt`."""
-    rate = counts.flops / seconds
+    """Achieved FLOP/s of the matrix products and convolutions in `counts` (FlopCounterMode's total, as MFU counts)
+    done in `seconds`, and its fraction of the measured matmul ceiling in `fmt`."""
+    rate = counts.matmul_flops / seconds
     return {"flops_per_s": rate, "fraction_of_ceiling": rate / ceil.rate(fmt)}
 
 
