@@ -59,7 +59,7 @@ def compare_twin(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, run: d
     recipe = module.recipe
     dm.shuffle_seed = run["seed"]
     L.seed_everything(run["seed"], verbose=False)  # the same initial weights as fresh_weights gave the module
-    fresh = AirNet(recipe.widths)
+    fresh = speedrun.recipe_net(recipe)
     if twin is None:
         twin = speedrun.Twin(fresh, recipe)
     else:

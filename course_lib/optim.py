@@ -6,6 +6,8 @@ import warnings
 import torch
 from torch import nn
 
+from .muon import Muon
+
 
 def make_optimizer(params, total_steps: int, *, optimizer: str = "sgd", lr: float = 0.05, momentum: float = 0.9,
                    nesterov: bool = True, weight_decay: float = 5e-4, schedule: str = "onecycle",
@@ -53,6 +55,37 @@ def make_speedrun_optimizer(net: nn.Module, *, total_steps: int, batch_size: int
     opt = torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, total_steps, warmup))
     return opt, sched
+
+
+def make_muon_speedrun_optimizer(net: nn.Module, *, total_steps: int, whiten_bias_steps: int, batch_size: int,
+                                 lr: float, momentum: float, weight_decay: float, bias_scale: float,
+                                 filter_lr: float, filter_momentum: float, dtype: torch.dtype | None = None):
+    """airbench94_muon's groups in one muon.Muon: conv filters (4-D, trainable) by Muon at filter_lr; the other
+    weights (the head) and BatchNorm biases by Nesterov SGD as make_speedrun_optimizer sets them; net.whiten.bias at
+    the biases' LR, decaying to 0 over whiten_bias_steps. Every LR decays linearly to 0 over total_steps, no warm-up.
+
+    filter_lr is not scaled with the batch: the orthogonalised step's size does not depend on the gradient's."""
+    batchnorms = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+    norm = {id(p) for m in net.modules() if isinstance(m, batchnorms) for p in m.parameters()}
+    whiten_bias = net.whiten.bias
+    params = [p for p in net.parameters() if p.requires_grad or p is whiten_bias]  # the bias trains its epochs
+    filters = [p for p in params if p.ndim == 4]
+    biases = [p for p in params if id(p) in norm]
+    others = [p for p in params if p.ndim != 4 and id(p) not in norm and p is not whiten_bias]
+    lr, decay = lr * batch_size / 1024, weight_decay * batch_size / 1024  # per image, as make_speedrun_optimizer
+    sgd = dict(orthogonalize=False, momentum=momentum)
+    groups = [dict(params=filters, lr=filter_lr, momentum=filter_momentum, weight_decay=0.0, orthogonalize=True),
+              dict(params=others, lr=lr, weight_decay=decay / lr, **sgd),
+              dict(params=biases, lr=lr * bias_scale, weight_decay=decay / (lr * bias_scale), **sgd),
+              dict(params=[whiten_bias], lr=lr * bias_scale, weight_decay=decay / (lr * bias_scale), **sgd)]
+    opt = Muon(groups, dtype=dtype)
+    whole, bias = (lambda step: linear_decay(step, total_steps)), (lambda step: linear_decay(step, whiten_bias_steps))
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, [whole, whole, whole, bias])
+
+
+def linear_decay(step: int, total: int) -> float:
+    """Schedule multiplier 1 - step/total, floored at 0: airbench94_muon's, from the first step."""
+    return max(0.0, 1 - step / max(1, total))
 
 
 def lookahead_decay(step: int, total: int, base: float = 0.95**5) -> float:

@@ -17,7 +17,7 @@ from .metrics import mean_loss, top1_accuracy
 from .models import WHITEN_IMAGES, WIDTHS, AirNet, init_whitening
 from .modules import ClassifierSystem
 from .ondevice import DeviceBatches
-from .optim import Lookahead, lookahead_decay, make_speedrun_optimizer
+from .optim import Lookahead, lookahead_decay, make_muon_speedrun_optimizer, make_speedrun_optimizer
 from .timing import DeviceTimer
 
 #: airbench94's training length: ceil(9.9 x steps per epoch) steps (426 of batch 1024 on 45,000 images)
@@ -50,9 +50,19 @@ class Recipe:
     whiten_bias_epochs: int = 3  # epochs the whitening bias trains before it freezes
     channels_last: bool = False
     compile: bool = False
+    epochs: float = EPOCHS  # the recipe's training length (callers pass it to run_seed, make_trainer, Twin.fit)
+    optimizer: str = "sgd"  # "muon": conv filters by muon.Muon (filter_lr, filter_momentum), the rest by SGD
+    schedule: str = "triangle"  # "linear": 1 down to 0 from the first step, no warm-up (airbench94_muon)
+    filter_lr: float = 0.0  # Muon's step size; not scaled with the batch
+    filter_momentum: float = 0.0
+    head: str = "fixed"  # "fixed": logits x 1/9 (airbench94); "width": head weights of std 1, logits / widths[-1]
 
     def __post_init__(self):
         object.__setattr__(self, "widths", tuple(self.widths))  # a list from a checkpoint or YAML
+        if (self.optimizer, self.schedule, self.head) not in {("sgd", "triangle", "fixed"),
+                                                              ("muon", "linear", "width")}:
+            raise ValueError(f"optimizer, schedule, head: airbench94's sgd, triangle, fixed or airbench94_muon's muon, "
+                             f"linear, width (MUON); got {self.optimizer}, {self.schedule}, {self.head}.")
         if (not 0 <= self.label_smoothing < 1 or min(self.lookahead_every, self.whiten_bias_epochs) < 0
                 or self.tta_level not in (0, 1, 2) or self.batch_size < 1):
             raise ValueError(f"Need 0 <= label_smoothing < 1, lookahead_every >= 0 (0 = off), whiten_bias_epochs >= 0, "
@@ -64,9 +74,31 @@ class Recipe:
 # rebuild this class (and only this one) besides tensors and primitive types
 torch.serialization.add_safe_globals([Recipe])
 
+#: airbench94_muon (github.com/KellerJordan/cifar10-airbench, airbench94_muon.py at f1c599c, MIT), written once: its
+#: summed-loss LRs x 1024 are mean-loss LRs per batch of 1024 (the same update): head 0.67, biases 0.053, decay 2e-6
+MUON = Recipe(batch_size=2000, epochs=8, optimizer="muon", schedule="linear", head="width", lr=0.67 * 1024,
+              bias_scale=0.053 / 0.67, momentum=0.85, weight_decay=2e-6 * 1024, filter_lr=0.24, filter_momentum=0.6,
+              warmup=0.0, lookahead_every=0, label_smoothing=0.2, whiten_bias_epochs=3, tta_level=2)
 
-def recipe_optimizer(net: nn.Module, recipe: Recipe, total_steps: int):
-    """make_speedrun_optimizer with the recipe's settings: the module's and the twin's one optimiser and schedule."""
+
+def recipe_net(recipe: Recipe) -> AirNet:
+    """A fresh AirNet for the recipe: airbench94's head scale 1/9, or airbench94_muon's unit-std head over width."""
+    if recipe.head == "fixed":
+        return AirNet(recipe.widths)
+    net = AirNet(recipe.widths, scale=1 / recipe.widths[-1])
+    net.head.weight.data /= net.head.weight.data.std()  # unit-std head weights, as airbench94_muon's reset()
+    return net
+
+
+def recipe_optimizer(net: nn.Module, recipe: Recipe, total_steps: int, steps_per_epoch: int | None = None):
+    """The module's and the twin's one optimiser and schedule, make_speedrun_optimizer's or the Muon recipe's."""
+    if recipe.optimizer == "muon":
+        if steps_per_epoch is None:
+            raise ValueError("The Muon recipe's whitening bias decays over whiten_bias_epochs: pass steps_per_epoch.")
+        return make_muon_speedrun_optimizer(
+            net, total_steps=total_steps, whiten_bias_steps=recipe.whiten_bias_epochs * steps_per_epoch,
+            batch_size=recipe.batch_size, lr=recipe.lr, momentum=recipe.momentum, weight_decay=recipe.weight_decay,
+            bias_scale=recipe.bias_scale, filter_lr=recipe.filter_lr, filter_momentum=recipe.filter_momentum)
     return make_speedrun_optimizer(net, total_steps=total_steps, batch_size=recipe.batch_size, lr=recipe.lr,
                                    momentum=recipe.momentum, weight_decay=recipe.weight_decay,
                                    bias_scale=recipe.bias_scale, warmup=recipe.warmup)
@@ -123,7 +155,7 @@ class SpeedrunModule(ClassifierSystem):
     e.g. SpeedrunDataModule's train_dataloader())."""
 
     def __init__(self, recipe: Recipe = Recipe()):
-        super().__init__(AirNet(recipe.widths), num_classes=10, label_smoothing=recipe.label_smoothing,
+        super().__init__(recipe_net(recipe), num_classes=10, label_smoothing=recipe.label_smoothing,
                          channels_last=recipe.channels_last, compile=recipe.compile)
         self.save_hyperparameters()  # Lightning's record for checkpoints (under LightningCLI, the parsed config)
         self.recipe, self.step_losses, self.lookahead = recipe, [], None
@@ -138,7 +170,8 @@ class SpeedrunModule(ClassifierSystem):
 
     def configure_optimizers(self):
         self.net.whiten.bias.requires_grad_(True)  # a new fit trains it again, though the last one froze it
-        opt, sched = recipe_optimizer(self.net, self.recipe, int(self.trainer.estimated_stepping_batches))
+        total = int(self.trainer.estimated_stepping_batches)  # also loads the data: num_training_batches is set
+        opt, sched = recipe_optimizer(self.net, self.recipe, total, int(self.trainer.num_training_batches))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def on_train_start(self) -> None:
@@ -177,7 +210,7 @@ class SpeedrunModule(ClassifierSystem):
 def fresh_weights(module: SpeedrunModule, seed: int) -> None:
     """Load the initial weights of an AirNet built under `seed` into the module's net, in place (compiled stays so)."""
     L.seed_everything(seed, verbose=False)
-    module.net.load_state_dict(AirNet(module.recipe.widths).state_dict())  # copies into the existing tensors
+    module.net.load_state_dict(recipe_net(module.recipe).state_dict())  # copies into the existing tensors
 
 
 def make_trainer(epochs: float, precision: str | None = None, steps_per_epoch: int | None = None,
@@ -226,7 +259,7 @@ class Twin:
             whiten_from(net, batches.images)
         total = total_steps(epochs, len(batches))
         net.whiten.bias.requires_grad_(True)  # in the optimiser even if an earlier run froze it
-        opt, sched = recipe_optimizer(net, r, total)
+        opt, sched = recipe_optimizer(net, r, total, len(batches))
         criterion = nn.CrossEntropyLoss(label_smoothing=r.label_smoothing)
         # as the module's metrics: no host sync per update (mean_loss has no NaN check)
         acc, loss_mean = top1_accuracy().to(device), mean_loss().to(device)
@@ -263,5 +296,5 @@ class Twin:
                 "precision": precision, "loss_scale": scaler.get_scale() if scaler.is_enabled() else None}
 
 
-__all__ = ["EPOCHS", "total_steps", "Recipe", "recipe_optimizer", "whiten_from", "tta_logits",
+__all__ = ["EPOCHS", "total_steps", "Recipe", "MUON", "recipe_net", "recipe_optimizer", "whiten_from", "tta_logits",
            "evaluate_tta", "SpeedrunModule", "fresh_weights", "make_trainer", "Twin"]

@@ -1,0 +1,132 @@
+"""Is the course's Muon rung airbench94_muon? The course's SpeedrunModule with speedrun.MUON (Lightning) against a
+port of airbench94_muon's own loop (scripts/airbench_muon_port.py) on the same images, epochs, batch and seeds, on a
+CPU, at a reduced size, in fp32 (the Newton-Schulz iteration too: muon.iteration_dtype on this CPU, and the port
+told the same).
+
+    python scripts/fidelity_muon_cpu.py --impl course --seeds 0 1 2 3    # one configuration per call
+    python scripts/fidelity_muon_cpu.py --impl port --seeds 0 1 2 3
+    python scripts/fidelity_muon_cpu.py --report                         # docs/results/fidelity-muon-cpu.md
+
+Every run appends one JSON line to build/fidelity/muon-runs.jsonl; --report compares the two implementations with
+the course's rule (verdict.difference: a gap in mean accuracy is named only outside Student's t band of the runs).
+Data: the course's seed-0 split of the JPEG folder (COURSE_DATA), a seeded subset of its training part, graded on
+its held-out test images (the same ones for both). See scripts/fidelity_cpu.py for airbench94's check.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # course_lib from this checkout
+sys.path.insert(0, str(ROOT / "scripts"))  # the ports beside this file
+
+import airbench_muon_port  # noqa: E402
+import airbench_port  # noqa: E402
+from fidelity_cpu import commit, datamodule  # noqa: E402
+
+from course_lib import config, experiments, hardware, muon, results, speedrun, verdict  # noqa: E402
+from course_lib.timing import DeviceTimer  # noqa: E402
+
+
+def run_course(dm, args, seed: int) -> dict:
+    recipe = dataclasses.replace(speedrun.MUON, widths=tuple(args.widths), batch_size=args.batch)
+    module = speedrun.SpeedrunModule(recipe)
+    run = experiments.run_seed(module, dm, seed=seed, epochs=args.epochs, precision="32-true")
+    plain = speedrun.evaluate_tta(module.net, dm.test_set.images, dm.test_set.labels, level=0)
+    return {"acc": run["acc"], "acc_no_tta": plain, "time_s": run["total_s"], "steps": run["steps"],
+            "final_loss": run["losses"][-5:].mean().item()}
+
+
+def run_port(dm, args, seed: int) -> dict:
+    torch.manual_seed(seed)  # the port draws everything from the global generator, as airbench does
+    train = airbench_port.Loader(dm.train_set.images, dm.train_set.labels, args.batch, train=True,
+                                 aug=airbench_muon_port.HYP["aug"], altflip=True)
+    test = airbench_port.Loader(dm.test_set.images, dm.test_set.labels, 2000, train=False)
+    out = airbench_muon_port.train(train, test, args.epochs, tuple(args.widths), ns_dtype=muon.iteration_dtype("cpu"),
+                                   timer=DeviceTimer("cpu"))
+    return {"acc": out["acc"], "acc_no_tta": out["acc_no_tta"], "time_s": out["time_s"], "steps": out["steps"],
+            "final_loss": out["losses"][-5:].mean().item()}
+
+
+def report(path: Path, out: Path) -> Path:
+    """One row per (settings, implementation); the course - port gaps judged by verdict.direction."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((json.dumps(r["settings"], sort_keys=True), r["impl"]), []).append(r)
+    pct = lambda v: [100 * x for x in v]  # noqa: E731
+    lines = ["Each row: one implementation on the same images, epochs, batch and seeds; accuracy on the same held-out "
+             "images. mean ± std (min–max, runs).", "",
+             "| settings | implementation | seeds | accuracy with TTA | without TTA | seconds per run (whitening + "
+             "training + TTA) | last-5-step loss | hardware | commands |", "|---|---|---|---|---|---|---|---|---|"]
+    for (s, impl), rs in sorted(groups.items()):
+        st = json.loads(s)
+        label = (f"{st['subset']:,} train / {rs[0]['test_images']:,} test images, widths {tuple(st['widths'])}, "
+                 f"batch {st['batch']}, {st['epochs']} epochs, fp32 (iteration {st['ns_dtype']})")
+        lines.append(f"| {label} | {impl} | {', '.join(str(r['seed']) for r in rs)} | "
+                     f"{verdict.spread(pct([r['acc'] for r in rs]), unit=' %')} | "
+                     f"{verdict.spread(pct([r['acc_no_tta'] for r in rs]), unit=' %')} | "
+                     f"{verdict.spread([r['time_s'] for r in rs], '{:.1f}', ' s')} | "
+                     f"{sum(r['final_loss'] for r in rs) / len(rs):.3f} | {rs[0]['hardware']} | "
+                     f"{'<br>'.join(sorted({'`' + r['command'] + '`' for r in rs}))} |")
+    lines += ["", "The course against the port, accuracy on the same held-out images (verdict.difference, the course's "
+              "rule):", ""]
+    for (s, impl), rs in sorted(groups.items()):
+        port = groups.get((s, "port"))
+        if impl != "course" or not port:
+            continue
+        for label, k in (("with TTA", "acc"), ("without TTA", "acc_no_tta")):
+            a, b = pct(r[k] for r in rs), pct(r[k] for r in port)
+            lines.append(f"- {label}: {verdict.difference(a, b, 'the course', 'the port', unit=' pt')}")
+    lines += ["", f"Runs from {path} (commits {', '.join(sorted({r['commit'] for r in rows}))}), one at a time."]
+    return results.write_report(out, "Muon rung fidelity: the course against a port of airbench94_muon, on a CPU",
+                                lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--impl", choices=("course", "port"))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
+    p.add_argument("--data", help="JPEG folder (default: the course's data source, config.data_source)")
+    p.add_argument("--subset", type=int, default=5000, help="training images (seeded subset of the 45,000)")
+    p.add_argument("--test-subset", type=int, default=None, help="test images (default: all 5,000)")
+    p.add_argument("--widths", type=int, nargs=3, default=(16, 32, 32))
+    p.add_argument("--batch", type=int, default=250)
+    p.add_argument("--epochs", type=float, default=speedrun.MUON.epochs)
+    p.add_argument("--runs", type=Path, default=config.build_dir() / "fidelity" / "muon-runs.jsonl")
+    p.add_argument("--report", action="store_true", help="write --out from --runs and exit")
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "fidelity-muon-cpu.md")
+    args = p.parse_args()
+    if args.report:
+        print(report(args.runs, args.out).read_text())
+        return 0
+    if args.impl is None:
+        p.error("--impl is required (or --report)")
+    dm = datamodule(args)
+    args.runs.parent.mkdir(parents=True, exist_ok=True)
+    command = "python scripts/fidelity_muon_cpu.py " + " ".join(sys.argv[1:])
+    ns_dtype = str(muon.iteration_dtype("cpu")).removeprefix("torch.")
+    for seed in args.seeds:
+        start = time.perf_counter()
+        got = (run_course if args.impl == "course" else run_port)(dm, args, seed)
+        row = {"impl": args.impl, "seed": seed, **got, "wall_s": time.perf_counter() - start,
+               "settings": {"subset": args.subset, "widths": list(args.widths), "batch": args.batch,
+                            "epochs": args.epochs, "ns_dtype": ns_dtype},
+               "train_images": len(dm.train_set), "test_images": len(dm.test_set), "commit": commit(),
+               "command": command, "hardware": hardware.label()}
+        with args.runs.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(f"{args.impl} seed {seed}: {got['acc']:.2%} with TTA, {got['acc_no_tta']:.2%} without, "
+              f"{got['time_s']:.1f} s ({row['wall_s']:.1f} s wall)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""course_lib.muon and the Muon rung: the Newton-Schulz band, the optimiser's step against hand-written and
+airbench94_muon references, torch.optim.Muon's iteration, and speedrun.MUON against airbench94_muon's values."""
+import copy
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from course_lib import hardware, muon, optim, speedrun
+from course_lib.ondevice import DeviceBatches
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import airbench_muon_port as port  # noqa: E402
+
+SHAPES = [(16, 216), (32, 288), (64, 32), (48, 48 * 9)]  # flattened conv banks (out, in x 9), a tall matrix
+
+
+def singular_values(x: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.svdvals(x.double())
+
+
+def quintic(s: torch.Tensor, steps: int = muon.NS_STEPS) -> torch.Tensor:
+    a, b, c = muon.NS_COEFFICIENTS
+    for _ in range(steps):
+        s = a * s + b * s**3 + c * s**5
+    return s
+
+
+def test_band_is_the_quintics_image_of_its_domain():
+    """NS_BAND holds the 3-step map of every s in [NS_BAND_FROM, 1], and its ends are reached (no slack hidden)."""
+    out = quintic(torch.linspace(muon.NS_BAND_FROM, 1, 100_001, dtype=torch.float64))
+    lo, hi = muon.NS_BAND
+    assert lo <= out.min().item() < lo + 0.005 and hi - 0.01 < out.max().item() <= hi
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-3), (torch.bfloat16, 0.06)])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_newton_schulz_puts_singular_values_in_the_band(shape, dtype, tol):
+    g = torch.randn(shape, generator=torch.Generator().manual_seed(sum(shape)))
+    s_in = singular_values(g) / g.norm().double()
+    assert s_in.min() >= muon.NS_BAND_FROM  # inside the band's domain, so the promise applies
+    s_out = singular_values(muon.newton_schulz(g, dtype=dtype))
+    lo, hi = muon.NS_BAND
+    assert lo - tol <= s_out.min() and s_out.max() <= hi + tol
+    if dtype == torch.float32:  # each singular value moves along the scalar map; the singular vectors stay
+        expected = quintic(s_in).sort(descending=True).values  # the map is not monotonic: re-sorted
+        torch.testing.assert_close(s_out, expected, rtol=1e-4, atol=1e-4)
+        u, _, vh = torch.linalg.svd(g.double(), full_matrices=False)
+        rebuilt = u @ torch.diag(quintic(s_in)) @ vh
+        torch.testing.assert_close(muon.newton_schulz(g).double(), rebuilt, rtol=1e-4, atol=1e-4)
+
+
+def test_newton_schulz_refuses_a_filter_bank():
+    with pytest.raises(ValueError, match="flatten"):
+        muon.newton_schulz(torch.randn(4, 3, 3, 3))
+
+
+def test_iteration_dtype_follows_the_hardware(monkeypatch):
+    monkeypatch.setattr(hardware, "cpu_bf16_native", lambda: True)
+    assert muon.iteration_dtype("cpu") == torch.bfloat16 and "bf16" in muon.describe(torch.bfloat16)
+    monkeypatch.setattr(hardware, "cpu_bf16_native", lambda: False)
+    assert muon.iteration_dtype("cpu") == torch.float32 and "no native bf16" in muon.describe(torch.float32)
+
+
+class Small(nn.Module):
+    """Two conv banks, a BatchNorm and a head: the kinds of tensor the speedrun trains."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(3, 8, 3, bias=False), nn.Conv2d(8, 16, 3, bias=False)
+        self.norm, self.head = nn.BatchNorm2d(16), nn.Linear(16, 10, bias=False)
+
+    def forward(self, x):
+        x = self.norm(self.conv2(torch.relu(self.conv1(x))))
+        return self.head(x.amax((2, 3)))
+
+
+def batches(n: int = 3):
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(8, 3, 10, 10, generator=g), torch.randint(0, 10, (8,), generator=g)) for _ in range(n)]
+
+
+def test_step_equals_a_hand_written_reference():
+    """Filters: momentum, Nesterov, weights to norm sqrt(out), minus lr x the 3-step quintic of the flattened update;
+    the rest: torch.optim.SGD's Nesterov step with weight decay."""
+    torch.manual_seed(0)
+    net = Small()
+    ref = copy.deepcopy(net)
+    filters = [net.conv1.weight, net.conv2.weight]
+    opt = muon.Muon([dict(params=filters), dict(params=[net.norm.weight, net.norm.bias, net.head.weight], lr=0.1,
+                     momentum=0.85, weight_decay=0.01, orthogonalize=False)], lr=0.2, momentum=0.6,
+                    dtype=torch.float32)
+    ref_filters = [ref.conv1.weight, ref.conv2.weight]
+    sgd = torch.optim.SGD([ref.norm.weight, ref.norm.bias, ref.head.weight], lr=0.1, momentum=0.85, nesterov=True,
+                          weight_decay=0.01)
+    bufs = [torch.zeros_like(p) for p in ref_filters]
+    for x, y in batches():
+        for model in (net, ref):
+            model.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        sgd.step()
+        with torch.no_grad():
+            for p, buf in zip(ref_filters, bufs):
+                buf.mul_(0.6).add_(p.grad)
+                update = p.grad + 0.6 * buf
+                p.mul_(len(p) ** 0.5 / p.norm())
+                flat = update.reshape(len(p), -1)
+                x_ = flat / (flat.norm() + 1e-7)
+                for _ in range(3):
+                    gram = x_ @ x_.T
+                    x_ = 3.4445 * x_ + (-4.7750 * gram + 2.0315 * gram @ gram) @ x_
+                p.sub_(0.2 * x_.reshape(p.shape))
+    for p, q in zip(net.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_orthogonalised_groups_refuse_vectors_and_decay():
+    net = Small()
+    with pytest.raises(ValueError, match="orthogonalize=False"):
+        muon.Muon([net.norm.bias])
+    with pytest.raises(ValueError, match="orthogonalize=False"):
+        muon.Muon([net.conv1.weight], weight_decay=0.1)
+
+
+def test_iteration_is_torch_optim_muons_on_a_matrix():
+    """On a 2-D parameter, without the weight normalisation, in bf16 as torch.optim.Muon always iterates, the same
+    steps to bf16's rounding (it fuses the products with addmm): its dampened momentum is ours x (1 - momentum),
+    which the iteration's normalisation removes."""
+    torch.manual_seed(0)
+    a = nn.Parameter(torch.randn(16, 40))
+    b, start = nn.Parameter(a.detach().clone()), a.detach().clone()
+    ours = muon.Muon([a], lr=0.05, momentum=0.5, normalize=False, dtype=torch.bfloat16)
+    theirs = torch.optim.Muon([b], lr=0.05, momentum=0.5, nesterov=True, weight_decay=0.0,
+                              ns_steps=muon.NS_STEPS)  # 16 <= 40: no LR change
+    for i in range(4):
+        grad = torch.randn(16, 40, generator=torch.Generator().manual_seed(i))
+        a.grad, b.grad = grad.clone(), grad.clone()
+        ours.step()
+        theirs.step()
+    moved = (a.detach() - start).abs().mean()
+    assert (a - b).abs().mean() < 0.03 * moved  # bf16 keeps 8 bits: ~1 % per element after the products
+
+
+def test_recipe_fields_are_airbench94_muons():
+    """speedrun.MUON against the port's copy of airbench94_muon's main(): summed-loss LRs per example x 1024 are the
+    course's mean-loss LRs per batch of 1024."""
+    r, hyp = speedrun.MUON, port.HYP
+    assert (r.optimizer, r.schedule, r.head, r.lookahead_every) == ("muon", "linear", "width", 0)
+    assert r.lr == pytest.approx(hyp["head_lr"] * 1024)
+    assert r.lr * r.bias_scale == pytest.approx(hyp["bias_lr"] * 1024)
+    assert r.weight_decay == pytest.approx(hyp["wd_per_image"] * 1024)
+    assert (r.batch_size, r.epochs, r.momentum, r.filter_lr, r.filter_momentum, r.label_smoothing,
+            r.whiten_bias_epochs, r.tta_level, r.widths) == (
+        hyp["batch_size"], hyp["epochs"], hyp["sgd_momentum"], hyp["muon_lr"], hyp["muon_momentum"],
+        hyp["label_smoothing"], hyp["whiten_bias_epochs"], hyp["tta_level"], hyp["widths"])
+    assert (muon.NS_STEPS, muon.NS_COEFFICIENTS) == (hyp["ns_steps"], hyp["ns_coefficients"])
+    with pytest.raises(ValueError, match="airbench94_muon"):
+        dataclasses.replace(speedrun.MUON, schedule="triangle")
+
+
+def test_muon_recipe_optimizer_steps_as_airbench94_muon():
+    """make_muon_speedrun_optimizer on the mean loss against airbench94_muon's two optimisers (its SGD groups and
+    the port's Muon) on the summed loss, on one AirNet, 6 steps with the whitening bias frozen after 3."""
+    recipe = dataclasses.replace(speedrun.MUON, widths=(8, 16, 16), batch_size=16)
+    torch.manual_seed(0)
+    net = speedrun.recipe_net(recipe)
+    ref = copy.deepcopy(net)
+    total, bias_steps = 6, 3
+    opt, sched = speedrun.recipe_optimizer(net, recipe, total, steps_per_epoch=1)
+    hyp, wd = port.HYP, port.HYP["wd_per_image"] * 16
+    norm_biases = [p for n, p in ref.named_parameters() if "norm" in n and p.requires_grad]
+    sgd = torch.optim.SGD([dict(params=[ref.whiten.bias], lr=hyp["bias_lr"], weight_decay=wd / hyp["bias_lr"]),
+                           dict(params=norm_biases, lr=hyp["bias_lr"], weight_decay=wd / hyp["bias_lr"]),
+                           dict(params=[ref.head.weight], lr=hyp["head_lr"], weight_decay=wd / hyp["head_lr"])],
+                          momentum=hyp["sgd_momentum"], nesterov=True)
+    filters = [p for p in ref.parameters() if p.ndim == 4 and p.requires_grad]
+    ab_muon = port.Muon(filters, lr=hyp["muon_lr"], momentum=hyp["muon_momentum"], nesterov=True,
+                        dtype=torch.float32)
+    g = torch.Generator().manual_seed(1)
+    for step in range(total):
+        x, y = torch.randn(16, 3, 32, 32, generator=g), torch.randint(0, 10, (16,), generator=g)
+        for model in (net, ref):
+            model.whiten.bias.requires_grad_(step < bias_steps)
+            model.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(net(x), y, label_smoothing=0.2).backward()
+        nn.functional.cross_entropy(ref(x), y, label_smoothing=0.2, reduction="sum").backward()
+        sgd.param_groups[0]["lr"] = hyp["bias_lr"] * (1 - step / bias_steps)
+        for group in [*sgd.param_groups[1:], *ab_muon.param_groups]:
+            group["lr"] = group.setdefault("initial_lr", group["lr"]) * (1 - step / total)
+        opt.step()
+        sched.step()
+        sgd.step()
+        ab_muon.step()
+    for (name, p), q in zip(net.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_module_and_twin_train_the_muon_recipe_alike(tiny_folder, session_data_root):
+    """SpeedrunModule (Lightning) and the twin with speedrun.MUON on real images: the same losses step for step."""
+    from course_lib import experiments
+    from course_lib.ondevice import SpeedrunDataModule
+
+    dm = SpeedrunDataModule(image_folder=str(tiny_folder), data_dir=str(session_data_root), batch_size=16, seed=0,
+                            device="cpu")
+    dm.setup("fit")
+    module = speedrun.SpeedrunModule(dataclasses.replace(speedrun.MUON, widths=(8, 16, 16), batch_size=16))
+    run = experiments.run_seed(module, dm, seed=0, epochs=2, precision="32-true")
+    twin = experiments.compare_twin(module, dm, run, epochs=2, precision="32-true")
+    assert run["steps"] == 6 and twin["loss_diff_all"] < 1e-4
+
+
+def test_twin_trains_the_muon_recipe():
+    """The plain twin runs MUON's optimiser and schedule end to end on a few images; the loss falls."""
+    recipe = dataclasses.replace(speedrun.MUON, widths=(8, 16, 16), batch_size=32)
+    torch.manual_seed(0)
+    images = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8)
+    labels = (images.float().mean((1, 2, 3)) > images.float().mean()).long()  # a learnable rule: bright or dark
+    out = speedrun.Twin(speedrun.recipe_net(recipe), recipe).fit(DeviceBatches(images, labels, 32, shuffle=True), 6)
+    assert len(out["losses"]) == 12 and torch.isfinite(out["losses"]).all()
+    assert out["losses"][-2:].mean() < out["losses"][:2].mean()
+    assert optim.linear_decay(12, 12) == 0 and optim.linear_decay(0, 12) == 1
