@@ -80,15 +80,25 @@ class Browser:
     def __init__(self, executable: str):
         self.profile = tempfile.mkdtemp(prefix="course-chromium-")
         sandbox = ["--no-sandbox"] if os.geteuid() == 0 else []  # Chromium's sandbox refuses to run as root (CI)
+        # Every host but localhost resolves to nothing: a page that loads anything from the web (a CDN's script or
+        # font) fails here as it would for a reader offline, whatever this machine's network
+        offline = "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"
         self.process = subprocess.Popen(
-            [executable, "--headless", "--disable-gpu", "--no-first-run", "--remote-debugging-port=0",
+            [executable, "--headless", "--disable-gpu", "--no-first-run", "--remote-debugging-port=0", offline,
              f"--user-data-dir={self.profile}", *sandbox, "about:blank"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            self.connect(executable)
+        except BaseException:
+            self.close()
+            raise
+
+    def connect(self, executable: str) -> None:
+        """Attach to the browser's page over its DevTools websocket and enable the domains the checks read."""
         port_file = Path(self.profile) / "DevToolsActivePort"
         deadline = time.monotonic() + TIMEOUT_S
         while not port_file.exists() or not port_file.read_text().strip():
             if self.process.poll() is not None or time.monotonic() > deadline:
-                self.close()
                 pytest.fail(f"{executable} did not start its DevTools endpoint within {TIMEOUT_S} s")
             time.sleep(0.1)
         port = port_file.read_text().split()[0]
@@ -137,7 +147,7 @@ class Browser:
 
     def close(self) -> None:
         """Stop the browser and remove its profile."""
-        if getattr(self, "socket", None) is not None:
+        if hasattr(self, "socket"):
             self.socket.close()
         self.process.terminate()
         self.process.wait(timeout=TIMEOUT_S)
