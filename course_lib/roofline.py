@@ -132,7 +132,8 @@ def explain(name: str, counts: Counts, ceil: ceilings.Ceilings, measured: list[f
     m = step_model(counts, ceil, fmt)
     med = statistics.median(measured)
     shares = ", ".join(f"{m['share'][k]:.0%} {k}" for k in KINDS)
-    spread = f"{verdict.number(min(measured) * 1e3)}-{verdict.number(max(measured) * 1e3)} ms, {len(measured)} runs"
+    spread = (f"{verdict.number(min(measured) * 1e3)}-{verdict.number(max(measured) * 1e3)} ms, {len(measured)} runs"
+              if len(measured) > 1 else "a single run, no spread")
     return (f"{name}: {verdict.number(counts.flops / 1e9)} GFLOP, {verdict.number(counts.bytes / 2**20)} MiB moved, "
             f"{counts.n_ops} ops, {verdict.number(counts.intensity)} FLOP/byte. Against {ceil.hardware}'s {fmt} "
             f"ceilings it is {m['kind']}-bound (predicted time by bound: {shares}); the model predicts "
@@ -221,9 +222,10 @@ def grade_prediction(cases: dict[str, tuple[float, float]], factor: float = PRED
     return passed
 
 
-def prediction_cases(device: str = "cpu", small: bool = False) -> dict[str, Callable[[], object]]:
-    """Lesson 00's three ops, one per regime: a matmul, a large elementwise add and a loop of tiny adds."""
-    n, elements = (256, 2**22) if small else (1024 if device == "cpu" else 4096, 2**24)
+def prediction_cases(device: str = "cpu") -> dict[str, Callable[[], object]]:
+    """Lesson 00's three ops, one per regime, at every run size (a smaller matmul would measure a busy machine's
+    thread wake-ups): a matmul, an elementwise add of 64 MiB operands and a loop of tiny multiplies."""
+    n, elements = 1024 if device == "cpu" else 4096, 2**24
     a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
     x, y = torch.randn(elements, device=device), torch.randn(elements, device=device)
     tiny = torch.zeros(ceilings.TINY_ELEMENTS, device=device)
@@ -240,7 +242,7 @@ def check_prediction(predict: Callable, ceil: ceilings.Ceilings, factor: float =
     """Lesson 00's exercise: predict(flops, bytes, ops, ceil) -> seconds for each case, graded against its measured
     median (timing.time_calls) within `factor`. Prints each case's three regime times, so the factor is judged."""
     cases = {}
-    for op, fn in prediction_cases(ceil.device, small=ceil.size == "smoke").items():
+    for op, fn in prediction_cases(ceil.device).items():
         c = count(fn)
         b = bound(c.flops, c.bytes, c.n_ops, rate=ceil.rate(), bandwidth=ceil.bandwidth, per_op=ceil.per_op)
         alone = ", ".join(f"{k} alone {verdict.number(s * 1e3)} ms" for k, s in b.seconds.items())
