@@ -112,12 +112,10 @@ def stage() -> int:
     for stem in solutions:
         shutil.copy2(REPO / "notebooks" / "solutions" / f"{stem}.py", STAGE / "notebooks" / "solutions")
         (STAGE / "notebooks" / "solutions" / f"{stem}.md").write_text(solution_page(stem))
-    for page in sorted((REPO / "docs").rglob("*.md")):
-        relative = page.relative_to(REPO)
-        if relative.parts[1] == "site":
-            continue
-        (STAGE / relative).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(page, STAGE / relative)
+    # docs/ whole (its pages and what they show or link: a results page's plot, a .jsonl of runs), less this site's
+    # own configuration
+    shutil.copytree(REPO / "docs", STAGE / "docs")
+    shutil.rmtree(STAGE / "docs" / "site")
     (STAGE / "index.md").write_text(landing_page(lessons, solutions))
     return len(lessons)
 
