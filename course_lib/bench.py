@@ -97,6 +97,8 @@ def _cell(row: dict, col: str) -> str:
     fmt = lambda v: verdict.number(v) if isinstance(v, float) else str(v)  # noqa: E731  (7,770, not 7.77e+03)
     if col == "images_per_s" and "images_per_s_min" in row:
         return f"{fmt(row[col])} ({fmt(row['images_per_s_min'])}–{fmt(row['images_per_s_max'])})"
+    if col == "speedup":  # the verdicts' convention, k >= 1: '1.77x slower', not 0.56
+        return verdict.factor(row[col])
     return fmt(row.get(col, ""))
 
 

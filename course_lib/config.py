@@ -38,7 +38,8 @@ SIZES = {
     # smoke: every lesson in about a minute on 2 CPU cores; numbers are for checking the code, not for reading
     "smoke": RunSize("smoke", train_subset=2048, eval_subset=1024, epochs=1, bench_steps=6, repeats=1),
     # full: the real course; test accuracy on the whole held-out split
-    "full": RunSize("full", train_subset=None, eval_subset=None, epochs=3, bench_steps=100, repeats=3),
+    # 6 interleaved rounds: the fewest whose sign test can call a difference at 5 % (course_lib.significance)
+    "full": RunSize("full", train_subset=None, eval_subset=None, epochs=3, bench_steps=100, repeats=6),
 }
 
 
@@ -46,7 +47,8 @@ SIZES = {
 # sizes are chosen so each lesson finishes in about 10 minutes on 2 cores; on a GPU, full is the real thing.
 LESSON_SCALES = {
     ("04_mixed_precision", "smoke", "cpu"): dict(width=0.25),  # ResNet-9 at 16 channels
-    ("04_mixed_precision", "full", "cpu"): dict(train_subset=10_000, width=0.25),  # 16 channels, 10,000 images
+    ("03_gpu_and_data", "full", "cpu"): dict(bench_steps=50),  # 6 rounds of 50 steps: 3 rounds of 100's time
+    ("04_mixed_precision", "full", "cpu"): dict(train_subset=10_000, width=0.25, bench_steps=50),  # 16 channels
     ("07_quantization", "smoke", "cpu"): dict(width=0.25),  # ResNet-9 at 16 channels
     ("07_quantization", "smoke", "gpu"): dict(width=0.25),
     ("07_quantization", "full", "cpu"): dict(train_subset=4_096, eval_subset=2_000, width=0.25),  # 16 channels

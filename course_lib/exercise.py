@@ -17,6 +17,8 @@ import statistics
 from pathlib import Path
 from typing import Callable
 
+from . import verdict
+
 MARK = re.compile(r"^# (EXERCISE|CHECK) (\d+)\b")  # the first line of an exercise's starter and check cells
 _RECORDINGS: list[dict] = []  # the open recording() contexts, innermost last (empty outside scripts/tests)
 
@@ -24,23 +26,25 @@ _RECORDINGS: list[dict] = []  # the open recording() contexts, innermost last (e
 def grade(name: str, base: list[float], mine: list[float], target: float, what: str = "time",
           hardware: str | None = None) -> bool:
     """Grade measured costs (lower is better; one per alternating round): passes when median(base) / median(mine)
-    reaches `target`. Prints the verdict with the per-round spread, and says so when the rounds straddle the target
-    (a noisy machine: the median decided, a re-run may differ). No clock here: tests inject the costs."""
+    reaches `target`. As verdict.target reports a target, the median decides and the count of rounds whose own
+    ratio reaches the target shows how firmly; some but not all past it means the rounds straddle the target (a
+    noisy machine: a re-run may differ). No clock here: tests inject the costs."""
     if not base or len(base) != len(mine):
         raise ValueError(f"{name}: need one baseline and one learner cost per round, got {len(base)} and {len(mine)}.")
     if min(mine) <= 0 or min(base) <= 0:
         raise ValueError(f"{name}: every {what} must be positive, got baseline {base}, yours {mine}.")
     ratio = statistics.median(base) / statistics.median(mine)
     rounds = sorted(b / m for b, m in zip(base, mine))
-    passed = ratio >= target
+    passed, firm = ratio >= target, verdict.past(rounds, target)
     for rec in _RECORDINGS:
         rec["grades"].append({"name": name, "ratio": ratio, "low": rounds[0], "high": rounds[-1], "rounds": len(base),
-                              "target": target, "passed": passed, "what": what, "hardware": hardware})
-    noisy = rounds[0] < target <= rounds[-1]
+                              "past": firm, "target": target, "passed": passed, "what": what, "hardware": hardware})
     where = f" on {hardware}" if hardware else ""
+    slower = f"; yours is {verdict.factor(ratio)} than the baseline" if ratio < 1 else ""
     print(f"{name}: the baseline's {what} / yours = {ratio:.2f}x{where} (target >= {target:g}x; per round "
-          f"{rounds[0]:.2f}-{rounds[-1]:.2f}x, {len(base)} rounds): {'passed' if passed else 'not yet'}"
-          + ("; the rounds straddle the target (a busy machine?): re-run to confirm" if noisy else ""))
+          f"{rounds[0]:.2f}-{rounds[-1]:.2f}x, {firm} of {len(base)} rounds at or past the target): "
+          f"{'passed' if passed else 'not yet'}{slower}"
+          + ("; the rounds straddle the target (a busy machine?): re-run to confirm" if 0 < firm < len(base) else ""))
     return passed
 
 
@@ -111,8 +115,9 @@ def mechanism(name: str, problems: list[str]) -> bool:
 
 @contextlib.contextmanager
 def recording(time_failing: bool = False):
-    """While active, collect every grade() as a dict (name, ratio, low, high, rounds, target, passed, what, hardware);
-    time_failing=True lets a check time code whose mechanism fails (how scripts/exercise_margins.py times starters)."""
+    """While active, collect every grade() as a dict (name, ratio, low, high, rounds, past, target, passed, what,
+    hardware); time_failing=True lets a check time code whose mechanism fails (how scripts/exercise_margins.py times
+    starters)."""
     rec = {"grades": [], "time_failing": time_failing}
     _RECORDINGS.append(rec)
     try:

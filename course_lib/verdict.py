@@ -1,12 +1,26 @@
-"""Verdicts in words from measured figures: a ratio or a difference called only when it exceeds the spread of
-repeated runs, a target met or missed, and the spread itself, so a lesson's conclusion is printed from its run."""
+"""Verdicts in words from measured figures: faster, slower or no difference, called by a rule whose false-positive
+rate is known (at most ALPHA = 5 %), targets met or missed, spreads and plain numbers, so a lesson's conclusion is
+printed from its run.
+
+The rule. A difference is called only when (1) the exact interval of the ratio (or difference) excludes "no change":
+the sign test over paired rounds, the rank-sum test over unpaired runs, Student's t for means (course_lib.significance,
+each at LEVEL = 4 %, whatever the noise, for Student's t normal noise), and (2) the ratio is at least MIN_EFFECT from 1
+(else "no practical difference"). With too few rounds to reach that rate the line says so and names how many it
+needs. One convention: "A is k.kkx faster (or slower) than B" with k >= 1, and every other line gives its ratio so.
+"""
 from __future__ import annotations
 
 import math
 import statistics
 from typing import Sequence
 
+from . import significance
+from .significance import ALPHA, LEVEL
+
 NOISE = "no difference beyond the spread"
+PRACTICAL = "no practical difference"
+TOO_FEW = "too few"  # "too few rounds to judge" (paired) or "too few runs to judge"
+MIN_EFFECT = 0.05  # the smallest speed difference worth calling: 5 % (below it, "no practical difference")
 
 
 def number(value: float, digits: int = 3) -> str:
@@ -20,10 +34,6 @@ def number(value: float, digits: int = 3) -> str:
     return f"{round(value, decimals):,.{decimals}f}"
 
 
-def _runs(n: int) -> str:
-    return "1 run" if n == 1 else f"{n} runs"
-
-
 def spread(values: Sequence[float], fmt: str = "{:.2f}", unit: str = "") -> str:
     """'mean ± std (min–max, n runs)' of repeated measurements; one value is reported as a single run."""
     if len(values) == 1:
@@ -34,92 +44,114 @@ def spread(values: Sequence[float], fmt: str = "{:.2f}", unit: str = "") -> str:
 
 
 def mean_diff(a: Sequence[float], b: Sequence[float], fmt: str = "{:+.2f}", unit: str = "") -> str:
-    """'mean(b) - mean(a) ± its standard error (sqrt(s_a²/n_a + s_b²/n_b)) (n_b and n_a runs)' of two sets of runs."""
+    """'mean(b) - mean(a) ± its standard error (n_b and n_a runs)': a description for reports, not a verdict."""
     d = statistics.mean(b) - statistics.mean(a)
     se = (sum(statistics.variance(v) / len(v) for v in (a, b))) ** 0.5 if min(len(a), len(b)) > 1 else float("nan")
     return f"{fmt.format(d)}{unit} ± {fmt.format(se).lstrip('+')}{unit} (standard error; {len(b)} and {len(a)} runs)"
 
 
 def mean_ratio(a: Sequence[float], b: Sequence[float]) -> str:
-    """'mean(b) / mean(a) ± its standard error (delta method)' of two sets of runs, e.g. times."""
+    """'mean(b) / mean(a) ± its standard error (delta method)': a description for reports, not a verdict."""
     r = statistics.mean(b) / statistics.mean(a)
     rel = (sum(statistics.variance(v) / len(v) / statistics.mean(v) ** 2 for v in (a, b)) ** 0.5
            if min(len(a), len(b)) > 1 else float("nan"))
     return f"{r:.3f}x ± {r * rel:.3f}x (standard error; {len(b)} and {len(a)} runs)"
 
 
-def ratio_range(a: Sequence[float], b: Sequence[float], paired: bool = False) -> tuple[float, float, float]:
-    """(median(a) / median(b), lowest, highest ratio the runs allow): per-round ratios when `paired` (interleaved
-    rounds, same length), else the extremes min(a)/max(b) and max(a)/min(b)."""
-    if not a or not b or min(list(a) + list(b)) <= 0:
-        raise ValueError("A ratio needs at least one positive measurement on each side.")
-    mid = statistics.median(a) / statistics.median(b)
-    if paired:
-        if len(a) != len(b):
-            raise ValueError(f"Paired rounds need as many runs on each side, got {len(a)} and {len(b)}.")
-        rounds = [x / y for x, y in zip(a, b)]
-        return mid, min(rounds), max(rounds)
-    return mid, min(a) / max(b), max(a) / min(b)
+def factor(ratio: float, better: str = "faster", worse: str = "slower") -> str:
+    """A ratio in the course's one convention, k >= 1: 1.72 -> '1.72x faster', 0.58 -> '1.72x slower'."""
+    return f"{ratio:.2f}x {better}" if ratio >= 1 else f"{1 / ratio:.2f}x {worse}"
 
 
-def direction(a: Sequence[float], b: Sequence[float], *, higher_is_better: bool = True,
-              paired: bool = False) -> int | None:
-    """+1 when a beats b beyond the spread (the rule of compare), -1 when b beats a, 0 within noise, None when a
-    side has a single run (no spread to judge by)."""
-    if min(len(a), len(b)) < 2:
+def _pct(fraction: float) -> str:
+    """0.05 -> '5 %' (the course writes a space before %)."""
+    return f"{100 * fraction:g} %"
+
+
+def _span(lo: float, hi: float, better: str, worse: str) -> str:
+    """An interval of ratios with k >= 1 at both ends: '1.62x–1.80x faster', or 'from 1.10x slower to 1.20x faster'."""
+    if lo >= 1:
+        return f"{lo:.2f}x–{hi:.2f}x {better}"
+    if hi <= 1:
+        return f"{1 / hi:.2f}x–{1 / lo:.2f}x {worse}"
+    return f"from {1 / lo:.2f}x {worse} to {hi:.2f}x {better}"
+
+
+def interval(a: Sequence[float], b: Sequence[float], *, higher_is_better: bool = True,
+             paired: bool = False) -> significance.Interval:
+    """How many times better a is than b, with its exact interval (significance.ratio_interval): a / b for
+    figures where higher is better (images/s), b / a for costs (seconds), so > 1 always means a is better."""
+    if higher_is_better:
+        return significance.ratio_interval(a, b, paired=paired)
+    return significance.ratio_interval(b, a, paired=paired)
+
+
+def _decide(iv: significance.Interval, smallest: float) -> int | None:
+    """+1 better, -1 worse (called), 0 not called, None too few rounds."""
+    if math.isnan(iv.lo):
         return None
-    _, lo, hi = ratio_range(a, b, paired)
-    sign = 1 if lo > 1 else -1 if hi < 1 else 0
-    return sign if higher_is_better else -sign
+    if (iv.lo > 1 or iv.hi < 1) and max(iv.mid, 1 / iv.mid) >= 1 + smallest:
+        return 1 if iv.mid > 1 else -1
+    return 0
+
+
+def direction(a: Sequence[float], b: Sequence[float], *, higher_is_better: bool = True, paired: bool = False,
+              smallest: float = MIN_EFFECT) -> int | None:
+    """compare()'s decision as a number: +1 a better, -1 b better, 0 no (practical) difference, None too few."""
+    return _decide(interval(a, b, higher_is_better=higher_is_better, paired=paired), smallest)
 
 
 def compare(a: Sequence[float], b: Sequence[float], name_a: str, name_b: str, *, higher_is_better: bool = True,
-            paired: bool = False, better: str = "faster", worse: str = "slower") -> str:
-    """'A is 1.7x faster than B (rounds 1.5–1.9x, n=3)', '... slower ...' or 'no difference beyond the spread'.
+            paired: bool = False, better: str = "faster", worse: str = "slower", smallest: float = MIN_EFFECT) -> str:
+    """'A is 1.72x faster than B (97 % interval 1.62x–1.80x faster, 6 rounds)', 'A vs B: no difference beyond the
+    spread (...)', 'A vs B: no practical difference (...)' or 'A vs B: too few rounds to judge (...)'.
 
-    a, b: repeated measurements of one figure (images/s when higher_is_better, seconds otherwise). A difference is
-    called only when the whole range of ratios (see ratio_range) lies on one side of 1; with a single run on either
-    side the verdict says one run cannot show the spread."""
-    mid, lo, hi = ratio_range(a, b, paired)
-    if not higher_is_better:  # times: A is faster when it takes less, so the factor is B's time over A's
-        mid, lo, hi = 1 / mid, 1 / hi, 1 / lo
-    n = f"n={len(a)}" if len(a) == len(b) else f"n={len(a)} and {len(b)}"
-    if min(len(a), len(b)) < 2:
-        word, factor = (better, mid) if mid >= 1 else (worse, 1 / mid)
-        return (f"{name_a} measured {factor:.2f}x {word} than {name_b} in a single run: one run cannot show "
-                f"the spread, so this is no verdict")
-    kind = "rounds" if paired else "range"
-    if lo > 1:
-        return f"{name_a} is {mid:.2f}x {better} than {name_b} ({kind} {lo:.2f}–{hi:.2f}x, {n})"
-    if hi < 1:
-        return f"{name_a} is {1 / mid:.2f}x {worse} than {name_b} ({kind} {1 / hi:.2f}–{1 / lo:.2f}x, {n})"
-    what = "speed ratio" if better == "faster" else "ratio"  # for times too: the factor is B's time over A's
-    return (f"{name_a} vs {name_b}: {NOISE} ({what} {mid:.2f}x, {kind} {lo:.2f}–{hi:.2f}x, "
-            f"{_runs(min(len(a), len(b)))})")
+    a, b: repeated measurements of one figure (images/s when higher_is_better, seconds otherwise). paired: the
+    i-th values were measured in the same interleaved round (the sign test; 6 rounds or more), else independent
+    runs (the rank-sum test; 4 runs a side or more). smallest: the least ratio beyond 1 worth calling."""
+    iv = interval(a, b, higher_is_better=higher_is_better, paired=paired)
+    count = (f"{len(a)} round{'s' * (len(a) > 1)}" if paired else f"{len(a)} and {len(b)} runs" if len(a) != len(b)
+             else f"{len(a)} run{'s' * (len(a) > 1)} each")
+    where = "in the median round" if paired else "as the median ratio of their runs"
+    est = f"{name_a} {factor(iv.mid, better, worse)} {where}"
+    decision = _decide(iv, smallest)
+    if decision is None:
+        need = f"{iv.need}" + ("" if paired else " a side")
+        return (f"{name_a} vs {name_b}: {TOO_FEW} {'rounds' if paired else 'runs'} to judge ({count}; the rule needs "
+                f">= {need} to keep its error rate under {_pct(ALPHA)}); {est}")
+    span = f"{100 * iv.level:.0f} % interval {_span(iv.lo, iv.hi, better, worse)}, {count}"
+    if decision:
+        return f"{name_a} is {factor(iv.mid, better, worse)} than {name_b} ({span})"
+    if iv.lo > 1 or iv.hi < 1:
+        return f"{name_a} vs {name_b}: {PRACTICAL} ({est}, under the {_pct(smallest)} worth calling; {span})"
+    return f"{name_a} vs {name_b}: {NOISE} ({est}; {span})"
 
 
 def difference(a: Sequence[float], b: Sequence[float], name_a: str, name_b: str, *, unit: str = "",
-               fmt: str = "{:.2f}", noise: float | None = None, higher: str = "higher", lower: str = "lower") -> str:
-    """'A is 0.80 pt higher than B (± 0.30 noise band, 5 and 5 runs)' or 'no difference beyond the spread'.
+               fmt: str = "{:.2f}", noise: float | None = None, noise_runs: int | None = None, smallest: float = 0.0,
+               higher: str = "higher", lower: str = "lower") -> str:
+    """'A is 0.80 pt higher than B (noise band ± 0.30 pt, Student's t at 4 %; 5 runs each)', or no difference.
 
-    A difference of means is called only when it exceeds twice its standard error (about a 95 % band). The
-    standard deviation comes from the samples themselves (two or more runs each) or from `noise`, the spread of
-    repeated runs measured elsewhere (e.g. a seed loop) when a side has a single run."""
-    d = statistics.mean(a) - statistics.mean(b)
-    if noise is None and min(len(a), len(b)) < 2:
-        return (f"{name_a} measured {fmt.format(abs(d))}{unit} {higher if d >= 0 else lower} than {name_b} in a "
-                f"single run: one run cannot show the spread, so this is no verdict")
-    if noise is None:
-        se = math.sqrt(sum(statistics.variance(v) / len(v) for v in (a, b)))
-    else:
-        se = noise * math.sqrt(1 / len(a) + 1 / len(b))
-    band, runs = 2 * se, f"{len(a)} and {len(b)} runs" if len(a) != len(b) else _runs(len(a)) + " each"
-    src = "" if noise is None else f", run-to-run std {fmt.format(noise)}{unit}"
+    A difference of means is called when it lies outside Student's t band (significance.mean_difference: the
+    pooled spread of a and b, or `noise`, the standard deviation of `noise_runs` repeated runs measured elsewhere,
+    e.g. a seed loop, when a side has a single run) and is at least `smallest` (in the figure's unit)."""
+    iv = significance.mean_difference(a, b, noise=noise, noise_runs=noise_runs)
+    d = iv.mid
+    runs = f"{len(a)} and {len(b)} runs" if len(a) != len(b) else f"{len(a)} run{'s' * (len(a) > 1)} each"
+    gap = f"{fmt.format(abs(d))}{unit} {higher if d >= 0 else lower} than {name_b}"
+    if math.isnan(iv.lo):
+        return (f"{name_a} vs {name_b}: {TOO_FEW} runs to judge ({runs}; need 2 a side, or a run-to-run spread "
+                f"measured elsewhere); {name_a} measured {gap}")
+    band = iv.hi - d
+    src = f"Student's t at {_pct(LEVEL)}" + ("" if noise is None else
+                                             f", run-to-run std {fmt.format(noise)}{unit} over {noise_runs} runs")
+    within = f"{d:+.{_decimals(fmt)}f}{unit}"
+    if abs(d) > band and abs(d) >= smallest:
+        return f"{name_a} is {gap} (noise band ± {fmt.format(band)}{unit}, {src}; {runs})"
     if abs(d) > band:
-        return (f"{name_a} is {fmt.format(abs(d))}{unit} {higher if d > 0 else lower} than {name_b} "
-                f"(noise band ± {fmt.format(band)}{unit}{src}; {runs})")
-    return (f"{name_a} vs {name_b}: {NOISE} ({d:+.{_decimals(fmt)}f}{unit} within ± {fmt.format(band)}{unit}"
-            f"{src}; {runs})")
+        return (f"{name_a} vs {name_b}: {PRACTICAL} ({within}, beyond ± {fmt.format(band)}{unit} but under the "
+                f"{fmt.format(smallest)}{unit} worth calling, {src}; {runs})")
+    return f"{name_a} vs {name_b}: {NOISE} ({within} within ± {fmt.format(band)}{unit}, {src}; {runs})"
 
 
 def _decimals(fmt: str) -> int:
@@ -127,26 +159,31 @@ def _decimals(fmt: str) -> int:
     return int(fmt.split(".")[1][0]) if "." in fmt and fmt.split(".")[1][:1].isdigit() else 2
 
 
+def past(values: Sequence[float], goal: float, higher_is_better: bool = True) -> int:
+    """How many of the values reach the goal (>= goal, or <= goal for lower-is-better targets)."""
+    return sum(v >= goal if higher_is_better else v <= goal for v in values)
+
+
 def target(values: Sequence[float], goal: float, name: str, *, higher_is_better: bool = True, unit: str = "x",
            fmt: str = "{:.2f}") -> str:
-    """'A meets the target of at least 2.00x: median 2.31x (rounds 2.10–2.52x, 3 of 3 runs at or past it)', or
-    'misses'. The median decides; the count of runs past the goal shows how firmly."""
+    """'A meets the target of at least 2.00x: median 2.31x (rounds 2.10x–2.52x; 3 of 3 rounds at or past it)', or
+    'misses'. The median decides; the count of rounds past the goal shows how firmly (exercise.grade reports the
+    same way)."""
     if not values:
         raise ValueError("A target verdict needs at least one measurement.")
     med = statistics.median(values)
-    past = (lambda v: v >= goal) if higher_is_better else (lambda v: v <= goal)
     word = "at least" if higher_is_better else "at most"
-    verdict = "meets" if past(med) else "misses"
-    rng = (f"median {fmt.format(med)}{unit}" if len(values) == 1 else
-           f"median {fmt.format(med)}{unit} (rounds {fmt.format(min(values))}–{fmt.format(max(values))}{unit}, "
-           f"{sum(map(past, values))} of {len(values)} runs at or past it)")
-    single = "; a single run, so no spread" if len(values) == 1 else ""
-    return f"{name} {verdict} the target of {word} {fmt.format(goal)}{unit}: {rng}{single}"
+    verdict = "meets" if past([med], goal, higher_is_better) else "misses"
+    rng = (f"median {fmt.format(med)}{unit}; a single round, so no spread" if len(values) == 1 else
+           f"median {fmt.format(med)}{unit} (rounds {fmt.format(min(values))}{unit}–{fmt.format(max(values))}{unit}; "
+           f"{past(values, goal, higher_is_better)} of {len(values)} rounds at or past it)")
+    return f"{name} {verdict} the target of {word} {fmt.format(goal)}{unit}: {rng}"
 
 
 def paired_accuracy(correct_a: Sequence[bool], correct_b: Sequence[bool], name_a: str, name_b: str) -> str:
-    """Accuracy of two models on the same test images, 'A is 1.20 pt lower than B' only when the gap exceeds twice
-    its paired standard error, sqrt(images where exactly one is right) / N (McNemar); else within noise.
+    """Accuracy of two models on the same test images, 'A is 1.20 pt lower than B' only when the exact McNemar test
+    calls it at 5 %: among the images where exactly one model is right, a fair coin would split them this unevenly
+    less than 5 % of the time (significance.mcnemar_band); else within noise.
 
     This is the test set's sampling noise for these two trained models; a retrained model moves further (a seed
     spread measures that), so the line says it is one training run each."""
@@ -155,10 +192,12 @@ def paired_accuracy(correct_a: Sequence[bool], correct_b: Sequence[bool], name_a
     n = len(correct_a)
     acc_a, acc_b = 100 * sum(map(bool, correct_a)) / n, 100 * sum(map(bool, correct_b)) / n
     discordant = sum(bool(x) != bool(y) for x, y in zip(correct_a, correct_b))
-    band, d = 2 * 100 * math.sqrt(discordant) / n, acc_a - acc_b
-    where = f"{n:,} test images, {discordant} on which only one is right; one training run each"
-    if abs(d) > band:
+    band, _ = significance.mcnemar_band(discordant, n)
+    d = acc_a - acc_b
+    where = (f"exact McNemar test at {_pct(LEVEL)}; {n:,} test images, {discordant} on which only one is right; one "
+             f"training run each")
+    if abs(d) >= band - 1e-9:  # band: the smallest gap the test calls (2k - discordant images, in points)
         return (f"{name_a} is {abs(d):.2f} pt {'higher' if d > 0 else 'lower'} than {name_b} "
                 f"({acc_a:.2f} % vs {acc_b:.2f} %, noise band ± {band:.2f} pt; {where})")
-    return (f"{name_a} vs {name_b}: {NOISE} ({acc_a:.2f} % vs {acc_b:.2f} %, {d:+.2f} pt within ± {band:.2f} pt; "
-            f"{where})")
+    within = f"within ± {band:.2f} pt" if math.isfinite(band) else "too few images differ to call any gap"
+    return f"{name_a} vs {name_b}: {NOISE} ({acc_a:.2f} % vs {acc_b:.2f} %, {d:+.2f} pt {within}; {where})"

@@ -52,8 +52,8 @@ def test_committed_outputs_carry_no_noise(path):
 # a figure a table should print in plain digits (7,770 images/s), not as 7.77e+03; 1e-8 rounding errors may stay
 E_NOTATION = re.compile(r"(?<![\w.])\d\.\d+e\+0[3-9]\b")
 # the words course_lib.verdict prints: every lesson that measures states at least one verdict from its run
-VERDICT = re.compile(r"x (faster|slower) than|no difference beyond the spread|pt (higher|lower) than|"
-                     r"(meets|misses) the target|in a single run: one run cannot show the spread")
+VERDICT = re.compile(r"x (faster|slower) than|no difference beyond the spread|no practical difference|"
+                     r"pt (higher|lower) than|(meets|misses) the target|too few (rounds|runs) to judge")
 MEASURED = [p for p in NOTEBOOKS if p.stem[:2] in {f"{n:02d}" for n in range(1, 9)}]
 
 

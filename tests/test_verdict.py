@@ -1,77 +1,112 @@
-"""The verdict's words follow the numbers: faster, slower, within noise, a single run, a target met or missed."""
+"""The verdict's words follow the numbers and the rule: faster, slower, no difference, no practical difference, too
+few rounds to judge, a target met or missed (the error rates themselves: tests/test_verdict_rates.py)."""
 from __future__ import annotations
+
+import itertools
+import math
 
 import pytest
 
-from course_lib import verdict
+from course_lib import significance, verdict
+
+FAST = [170, 180, 175, 172, 178, 176]  # six interleaved rounds of images/s
+SLOW = [100, 105, 102, 101, 104, 103]
 
 
-def test_faster_when_every_run_of_a_beats_every_run_of_b():
-    """Throughputs whose ranges do not overlap: 'faster', the median ratio and its range, n."""
-    text = verdict.compare([170, 180, 175], [100, 105, 102], "compiled", "eager")
-    assert text.startswith("compiled is 1.72x faster than eager")
-    assert "range 1.62–1.80x, n=3" in text
+def test_faster_when_every_round_favours_a():
+    """Six paired rounds all on one side: the sign test's 2 x (1/2)^6 = 3.1 %, so 'faster', with its interval."""
+    text = verdict.compare(FAST, SLOW, "compiled", "eager", paired=True)
+    assert text.startswith("compiled is 1.71x faster than eager"), text
+    assert "97 % interval 1.70x–1.72x faster, 6 rounds" in text
 
 
 def test_slower_names_the_factor_the_other_way():
-    """a at 0.68x of b reads '1.47x slower', with the range turned round too."""
-    text = verdict.compare([68, 67, 69], [100, 101, 99], "bf16-mixed", "fp32")
-    assert text.startswith("bf16-mixed is 1.47x slower than fp32"), text
+    """a at 0.58x of b reads '1.72x slower', its interval turned round too: every factor is >= 1."""
+    text = verdict.compare(SLOW, FAST, "eager", "compiled", paired=True)
+    assert text.startswith("eager is 1.71x slower than compiled"), text
+    assert "1.70x–1.72x slower" in text
 
 
-def test_overlapping_ranges_are_within_noise():
-    """A 3 % gap inside a 10 % run-to-run range is no difference."""
-    text = verdict.compare([103, 95, 108], [100, 97, 105], "barebones", "quiet Trainer")
-    assert verdict.NOISE in text and "3 runs" in text
-    assert "faster" not in text and "slower" not in text
+def test_one_round_on_the_other_side_is_no_verdict_at_six_rounds():
+    """Five of six rounds is what a fair coin does 2 x 7/64 = 22 % of the time: no difference, ratio still k >= 1."""
+    a = [110, 111, 109, 112, 108, 95]
+    text = verdict.compare(a, [100] * 6, "barebones", "quiet Trainer", paired=True)
+    assert verdict.NOISE in text and "6 rounds" in text
+    assert "barebones 1.10x faster in the median round" in text and "from 1.05x slower to 1.12x faster" in text
+    assert verdict.direction(a, [100] * 6, paired=True) == 0
+
+
+def test_too_few_rounds_say_so_instead_of_guessing():
+    """Three rounds cannot reach 5 % (all three on one side: 25 %): the line says how many it needs."""
+    text = verdict.compare(FAST[:3], SLOW[:3], "compiled", "eager", paired=True)
+    assert "too few rounds to judge (3 rounds; the rule needs >= 6 to keep its error rate under 5 %)" in text
+    assert "compiled 1.71x faster in the median round" in text
+    assert verdict.direction(FAST[:3], SLOW[:3], paired=True) is None
+    assert "(1 run each; the rule needs >= 4 a side" in verdict.compare([200], [100], "A", "B")
+
+
+def test_a_small_sure_gap_is_no_practical_difference():
+    """1.02x in every round: beyond the spread, but under the 5 % worth calling; smallest=0 calls it."""
+    a, b = [102, 204, 306, 408, 510, 612], [100, 200, 300, 400, 500, 600]
+    text = verdict.compare(a, b, "A", "B", paired=True)
+    assert text.startswith("A vs B: no practical difference (A 1.02x faster") and "under the 5 % worth" in text
+    assert verdict.direction(a, b, paired=True) == 0
+    assert verdict.compare(a, b, "A", "B", paired=True, smallest=0).startswith("A is 1.02x faster than B")
 
 
 def test_times_lower_is_better():
-    """Seconds: the one that takes less time is faster."""
-    text = verdict.compare([1.0, 1.1, 1.05], [2.0, 2.1, 2.2], "fast", "slow", higher_is_better=False)
-    assert text.startswith("fast is 2.00x faster than slow")
+    """Seconds: the one that takes less time is faster, by B's time over A's."""
+    text = verdict.compare([1.0, 1.1, 1.05, 1.0], [2.0, 2.1, 2.2, 2.0], "fast", "slow", higher_is_better=False)
+    assert text.startswith("fast is 2.00x faster than slow"), text
+    assert "4 runs each" in text
 
 
-def test_paired_rounds_use_per_round_ratios():
-    """Interleaved rounds: a drift that moves both sides cancels, so a steady 1.1x is called; unpaired it is noise."""
-    a, b = [110, 220, 330], [100, 200, 300]
-    assert "1.10x faster" in verdict.compare(a, b, "A", "B", paired=True)
-    assert "rounds 1.10–1.10x" in verdict.compare(a, b, "A", "B", paired=True)
+def test_paired_rounds_cancel_a_shared_drift_unpaired_runs_do_not():
+    """A steady 1.1x under a drift that moves both sides: called paired; unpaired the runs overlap."""
+    b = [100, 200, 300, 150, 250, 120]
+    a = [1.1 * x for x in b]
+    assert verdict.compare(a, b, "A", "B", paired=True).startswith("A is 1.10x faster than B")
     assert verdict.NOISE in verdict.compare(a, b, "A", "B")
     with pytest.raises(ValueError, match="as many runs"):
         verdict.compare([1, 2], [1], "A", "B", paired=True)
 
 
-def test_a_single_run_is_no_verdict():
-    """One run each: the factor is reported, and the line says it cannot show the spread."""
-    text = verdict.compare([200], [100], "A", "B")
-    assert "2.00x faster" in text and "single run" in text and "no verdict" in text
+def test_unpaired_runs_use_the_rank_sum_interval():
+    """Four runs a side that do not overlap: 2 / C(8, 4) = 2.9 %, called; the ratio is the median pairwise one."""
+    text = verdict.compare([10.0, 10.5, 11.0, 10.2], [5.0, 5.1, 5.2, 5.3], "A", "B")
+    assert text.startswith("A is 2.01x faster than B (97 % interval 1.89x–2.20x faster, 4 runs each)"), text
 
 
-def test_difference_exceeding_the_band_is_called():
-    """Accuracy means 1 pt apart with 0.1 pt scatter: called 'lower'; the same gap with 2 pt scatter is noise."""
+def test_difference_of_means_by_students_t():
+    """Accuracy means 1 pt apart with 0.1 pt scatter: called; the same gap with 2 pt scatter is noise."""
     tight = verdict.difference([92.0, 92.1, 91.9], [93.0, 93.1, 92.9], "QAT", "fp32", unit=" pt")
     assert tight.startswith("QAT is 1.00 pt lower than fp32"), tight
+    assert "Student's t at 4 %" in tight and "3 runs each" in tight
     loose = verdict.difference([90.0, 94.0, 92.0], [95.0, 91.0, 93.0], "QAT", "fp32", unit=" pt")
     assert verdict.NOISE in loose and "-1.00 pt" in loose
+    small = verdict.difference([92.0, 92.1, 91.9], [93.0, 93.1, 92.9], "QAT", "fp32", unit=" pt", smallest=2)
+    assert verdict.PRACTICAL in small
 
 
 def test_difference_of_single_runs_against_a_seed_spread():
-    """One run per ladder rung, judged by the seed loop's std: +0.7 pt is noise at std 0.62, +3 pt is not."""
-    assert verdict.NOISE in verdict.difference([93.4], [92.7], "rung 2", "rung 1", unit=" pt", noise=0.62)
-    called = verdict.difference([95.7], [92.7], "rung 2", "rung 1", unit=" pt", noise=0.62)
-    assert called.startswith("rung 2 is 3.00 pt higher than rung 1") and "std 0.62 pt" in called
-    assert "no verdict" in verdict.difference([93.4], [92.7], "rung 2", "rung 1")
+    """One run per ladder rung, judged by a 5-seed std (t with 4 df): +0.7 pt is noise at std 0.62, +3 pt is not."""
+    quiet = verdict.difference([93.4], [92.7], "rung 2", "rung 1", unit=" pt", noise=0.62, noise_runs=5)
+    assert verdict.NOISE in quiet
+    called = verdict.difference([95.7], [92.7], "rung 2", "rung 1", unit=" pt", noise=0.62, noise_runs=5)
+    assert called.startswith("rung 2 is 3.00 pt higher than rung 1") and "std 0.62 pt over 5 runs" in called
+    assert "too few runs to judge" in verdict.difference([93.4], [92.7], "rung 2", "rung 1")
+    with pytest.raises(ValueError, match="noise_runs"):
+        verdict.difference([93.4], [92.7], "rung 2", "rung 1", noise=0.62)
 
 
-def test_target_met_and_missed():
-    """The median decides; the line counts the runs past the goal; 'at most' for lower-is-better targets."""
+def test_target_median_decides_and_the_count_shows_how_firmly():
+    """The median decides; the line counts the rounds past the goal; 'at most' for lower-is-better targets."""
     met = verdict.target([2.1, 2.5, 1.9], 2.0, "speedup")
-    assert met.startswith("speedup meets the target of at least 2.00x") and "2 of 3 runs" in met
+    assert met.startswith("speedup meets the target of at least 2.00x") and "2 of 3 rounds at or past it" in met
     missed = verdict.target([1.9, 1.8, 2.05], 2.0, "speedup")
-    assert missed.startswith("speedup misses the target of at least 2.00x") and "1 of 3 runs" in missed
+    assert missed.startswith("speedup misses the target of at least 2.00x") and "1 of 3 rounds" in missed
     assert "meets the target of at most 1.05x" in verdict.target([1.02], 1.05, "overhead", higher_is_better=False)
-    assert "single run" in verdict.target([1.02], 1.05, "overhead", higher_is_better=False)
+    assert "single round" in verdict.target([1.02], 1.05, "overhead", higher_is_better=False)
 
 
 def test_number_is_plain():
@@ -91,16 +126,15 @@ def test_spread_reports_one_run_as_such():
 
 
 def test_direction_agrees_with_the_words():
-    """direction() is compare()'s decision as a number: +1 faster, -1 slower, 0 noise, None for one run."""
-    assert verdict.direction([170, 180, 175], [100, 105, 102]) == 1
-    assert verdict.direction([68, 67, 69], [100, 101, 99]) == -1
-    assert verdict.direction([103, 95, 108], [100, 97, 105]) == 0
-    assert verdict.direction([1.0, 1.1], [2.0, 2.1], higher_is_better=False) == 1
+    """direction() is compare()'s decision as a number: +1 faster, -1 slower, 0 noise, None too few."""
+    assert verdict.direction(FAST, SLOW, paired=True) == 1
+    assert verdict.direction(SLOW, FAST, paired=True) == -1
+    assert verdict.direction([1.0, 1.1, 1.0, 1.05], [2.0, 2.1, 2.2, 2.0], higher_is_better=False) == 1
     assert verdict.direction([200], [100]) is None
 
 
-def test_paired_accuracy_counts_only_the_images_that_differ():
-    """Same 1,000 images: 30 more right of 40 discordant is a difference; 3 more of 40 is within the test noise."""
+def test_paired_accuracy_is_the_exact_mcnemar_test():
+    """Same 1,000 images: 35 to 5 of 40 discordant is a difference (p < 0.001); 22 to 18 is within the test noise."""
     base = [True] * 500 + [False] * 500
     better = base[:]
     for i in range(500, 535):  # 35 images B gets wrong and A right ...
@@ -117,3 +151,17 @@ def test_paired_accuracy_counts_only_the_images_that_differ():
     assert verdict.NOISE in text and "+0.40 pt" in text and "one training run each" in text
     with pytest.raises(ValueError, match="same"):
         verdict.paired_accuracy([True], [True, False], "a", "b")
+
+
+def test_the_exact_null_distributions_match_brute_force():
+    """The rank-sum counts are every ordering counted; the sign cut and t quantiles match the tables."""
+    for m, n in [(2, 4), (3, 3), (4, 3), (3, 5)]:
+        counts = [0] * (m * n + 1)
+        for where in itertools.combinations(range(m + n), m):  # positions of a's runs among all, ascending
+            counts[sum(sum(j < i and j not in where for j in range(m + n)) for i in where)] += 1
+        assert counts == significance.rank_sum_counts(m, n), (m, n)
+    assert [significance.sign_cut(n) for n in (5, 6, 8, 9)] == [None, 0, 0, 1]
+    assert significance.rank_cut(3, 3)[0] is None and significance.rank_cut(4, 4)[0] == 0
+    assert significance.rank_cut(9, 9)[0] == 17  # the published two-sided 5 % critical value for 9 and 9
+    for df, t in [(1, 12.706), (2, 4.303), (4, 2.776), (8, 2.306), (30, 2.042)]:  # two-sided 5 % t tables
+        assert math.isclose(significance.t_critical(df, 0.05), t, abs_tol=1e-3), df
