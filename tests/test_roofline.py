@@ -167,3 +167,18 @@ def test_prediction_grading_bounds_the_factor_both_ways():
 def test_lesson_00_carries_the_exercise_and_a_check_that_measures():
     cells = exercise_cells(next(notebooks_folder().glob("00_*.ipynb")))["3"]
     assert "check_prediction" in cells["CHECK"] and "solutions" not in cells["CHECK"]
+
+
+def test_layers_lists_each_leaf_layer_with_its_bound_and_the_plot_draws_one_roof_per_format():
+    """Timed, but nothing asserted about the times: only that every leaf layer gets a row and the table prints."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                              torch.nn.Linear(8 * 8 * 8, 10))
+    rows = roofline.layers(net, torch.randn(4, 3, 8, 8), fake_ceilings(), min_run_time=0.001)
+    assert [r["type"] for r in rows] == ["Conv2d", "ReLU", "Linear"]  # Flatten is a view: no op, no row
+    assert all(r["kind"] in roofline.KINDS and r["measured"] > 0 for r in rows)
+    assert len(roofline.layer_lines(rows)) == 1 + len(rows)
+    ax = roofline.plot(fake_ceilings(), [("op", 1e6, 1e6, 1e-3)])
+    assert len(ax.lines) == 1 and ax.get_xscale() == ax.get_yscale() == "log"
