@@ -139,3 +139,77 @@ def run(airbench, folder: Path, seeds: list[int], deadline: float | None = None,
             if on_run is not None:
                 on_run(trials)
     return trials
+
+
+# ---- airbench94_muon: a script, not in the package; carried as one file, checked by its sha256 ----
+
+MUON_FILE = "airbench94_muon.py"
+MUON_COMMIT = "f1c599c4af24aca803e3e65a6a7e52a502e09d0e"
+MUON_URL = f"https://raw.githubusercontent.com/KellerJordan/cifar10-airbench/{MUON_COMMIT}/{MUON_FILE}"
+MUON_SHA256 = "704e29251a5207d8aed8a35adf13f772ff386b90a712aaddc2a28854385b536e"  # of the file at MUON_COMMIT
+MUON_COLUMNS = ("run", "epoch", "train_acc", "val_acc", "tta_val_acc", "time_seconds")
+
+
+def carry_muon(source: Path, carry: Path) -> Path:
+    """Copy airbench94_muon.py (downloaded from MUON_URL) into carry/, after checking it is that file."""
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()
+    if digest != MUON_SHA256:
+        raise SystemExit(f"{source} is not airbench94_muon.py at commit {MUON_COMMIT[:7]} (sha256 {digest}): "
+                         f"download it again, curl -fLo {MUON_FILE} {MUON_URL}")
+    out = carry / MUON_FILE
+    carry.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(source.read_bytes())
+    return out
+
+
+def import_muon(carry: Path):
+    """Import the carried airbench94_muon.py (its module-level code only reads sys.argv[0]; main() is not run)."""
+    path = carry / MUON_FILE
+    if not path.exists() or hashlib.sha256(path.read_bytes()).hexdigest() != MUON_SHA256:
+        raise FileNotFoundError(f"No {MUON_FILE} of commit {MUON_COMMIT[:7]} in {carry}: download it ({MUON_URL}) "
+                                f"and run `gpu_capstone.py --make-data ... --airbench-muon {MUON_FILE}`, then carry "
+                                f"{carry}.")
+    sys.path.insert(0, str(carry.resolve()))
+    import airbench94_muon
+
+    return airbench94_muon
+
+
+def parse_muon_table(text: str) -> dict:
+    """The 'eval' row of airbench94_muon's printed table: {'tta_val_acc', 'time_seconds'} as floats."""
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == len(MUON_COLUMNS) and cells[1] == "eval":
+            row = dict(zip(MUON_COLUMNS, cells))
+            return {"tta_val_acc": float(row["tta_val_acc"]), "time_seconds": float(row["time_seconds"])}
+    raise ValueError(f"No 'eval' row in airbench94_muon's output:\n{text[-2000:]}")
+
+
+def run_muon(ab, folder: Path, seeds: list[int], deadline: float | None = None, on_run=None, log=print,
+             compile_mode: str = "max-autotune") -> list[dict]:
+    """airbench94_muon as its __main__ runs it: one CifarNet on CUDA, channels_last, compiled (compile_mode), one
+    warm-up main('warmup') on random labels (compilation), then main(run) per seed (batch 2000, 8 epochs, TTA; timed by
+    airbench with CUDA events, whitening + training + TTA, its per-epoch evaluation and data loading excluded).
+    Each run: the TTA accuracy main returns and the printed time. Stops before a run that would start after
+    `deadline`; on_run(runs so far) after each run."""
+    model = ab.CifarNet().cuda().to(memory_format=torch.channels_last)
+    model.compile(mode=compile_mode)
+    trials = []
+    with inside(folder):
+        steps = math.ceil(8 * (len(torch.load(Path("cifar10") / "train.pt", weights_only=True)["labels"]) // 2000))
+        for i, seed in enumerate([None, *seeds]):
+            if deadline is not None and seed is not None and time.monotonic() > deadline:
+                log(f"airbench94_muon: time budget spent after {len(trials)} runs")
+                break
+            torch.manual_seed(1000 if seed is None else seed)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                acc = ab.main("warmup" if seed is None else i, model)
+            log(out.getvalue().rstrip())
+            if seed is None:
+                continue
+            printed = parse_muon_table(out.getvalue())
+            trials.append({"seed": seed, "acc": acc, "time_s": printed["time_seconds"], "steps": steps})
+            if on_run is not None:
+                on_run(trials)
+    return trials

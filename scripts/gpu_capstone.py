@@ -5,6 +5,10 @@ twin on the same images and GPU, then lessons 03-05's benchmarks and lesson 06's
     pip download airbench==0.1.8 --no-deps --no-binary :all: -d build/sdist
     python scripts/gpu_capstone.py --make-data build/carry/cifar10-train-jpeg.pt \\
         --airbench-sdist build/sdist/airbench-0.1.8.tar.gz
+    # and airbench94_muon.py (a script, not in the package) at the commit airbench_carry.MUON_URL names
+    curl -fLo build/sdist/airbench94_muon.py <airbench_carry.MUON_URL>
+    python scripts/gpu_capstone.py --make-data build/carry/cifar10-train-jpeg.pt \\
+        --airbench-sdist build/sdist/airbench-0.1.8.tar.gz --airbench-muon build/sdist/airbench94_muon.py
     # on the GPU machine, build/carry carried, nothing installed (torch, lightning, torchmetrics, torchvision there)
     python scripts/gpu_capstone.py --data build/carry/cifar10-train-jpeg.pt         # about 9 minutes (--budget)
     # anywhere without a GPU: the same code on a few hundred images; only airbench's CUDA-only training is left out
@@ -17,6 +21,10 @@ Order, most important first; the results file is rewritten after every run, so a
   (b) SpeedrunModule (bf16-mixed, channels_last, compile) through experiments.run_seed, same seeds and timing
       rules: trainer.fit (whitening + training) plus trainer.test (TTA), after an untimed warm-up (compilation);
   (c) the plain-PyTorch twin (experiments.compare_twin) per seed, same timing, after its own warm-up;
+  (e) airbench94_muon.py from build/carry (sha256-checked): its CifarNet compiled as its __main__ does, a warm-up,
+      then main() per seed, timed by its own CUDA events (batch 2000, 8 epochs, TTA); the dry run trains the port
+      (scripts/airbench_muon_port.py) on the CPU instead, airbench94_muon's loop being CUDA-only;
+  (f) SpeedrunModule with speedrun.MUON (the course's Muon rung), as (b);
   (d) while --budget lasts: scripts/gpu_check.py's lesson 03-05 configurations (target pairs first), then lesson
       06's one-device row (course_lib.scaling, as scripts/gpu_ddp_check.py measures it).
 All parts use one split: 45,000 training / 5,000 test images carved with seed 0 from the 50,000 training JPEGs (no
@@ -28,6 +36,7 @@ and build/gpu_check-dryrun.md instead (docs/ holds GPU figures only).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import statistics
 import sys
@@ -42,13 +51,15 @@ sys.path.insert(0, str(ROOT))  # run from a checkout: no install needed (GPU mac
 sys.path.insert(0, str(ROOT / "scripts"))  # airbench_carry and lesson_checks beside this file
 
 import airbench_carry  # noqa: E402
+import airbench_muon_port  # noqa: E402
+import airbench_port  # noqa: E402
 import lesson_checks  # noqa: E402
 
-from course_lib import config, experiments, hardware, models, results, speedrun, verdict  # noqa: E402
+from course_lib import config, experiments, hardware, models, muon, results, speedrun, verdict  # noqa: E402
 from course_lib.ondevice import SpeedrunDataModule  # noqa: E402
 from course_lib.sources import list_image_folder  # noqa: E402
 
-ORDER = ("setup", "a", "b", "c", "summary", "d")
+ORDER = ("setup", "a", "b", "c", "summary", "e", "f", "muon", "d")
 def make_data(folder: Path, out: Path) -> None:
     """Pack a training folder's JPEG files, in CIFAR10DataModule's order, as bytes plus offsets and labels."""
     files, labels, classes = list_image_folder(folder)  # sorted by class, then file name: the cache's order
@@ -129,20 +140,20 @@ def part_a(args, dm, report, deadline, dry) -> list[dict]:
                               on_run=show)
 
 
-def part_b(module, dm, report, *, seeds, epochs, precision, deadline, head) -> list[dict]:
+def part_b(module, dm, report, *, seeds, epochs, precision, deadline, head, key="b") -> list[dict]:
     # warm-up: compilation, cuDNN autotuning
     experiments.run_seed(module, dm, seed=1000, epochs=epochs, precision=precision)
     trials = []
     for seed in seeds:
         if time.monotonic() > deadline:
-            report.set("b", report.sections["b"] + [f"- time budget spent after {len(trials)} runs"])
+            report.set(key, report.sections[key] + [f"- time budget spent after {len(trials)} runs"])
             break
         trials.append(experiments.run_seed(module, dm, seed=seed, epochs=epochs, precision=precision))
         last = trials[-1]["epoch_s"]
         recipe = module.recipe
         flops = experiments.flop_summary(widths=recipe.widths, batch_size=recipe.batch_size,
                                          steps=len(dm.train_dataloader()), epoch_s=statistics.median(last[1:] or last))
-        report.set("b", head + table(
+        report.set(key, head + table(
             ["seed", "test accuracy (TTA)", "trainer.fit (whitening + training)", "trainer.test (TTA)", "total",
              "training epochs only"],
             [[str(r["seed"]), f"{r['acc']:.2%}"] + [f"{r[k]:.3f} s" for k in ("fit_s", "test_s", "total_s", "train_s")]
@@ -178,6 +189,55 @@ def part_c(module, dm, report, *, trials, epochs, precision, deadline, head) -> 
     return twins
 
 
+def part_e(args, dm, report, *, deadline, dry, widths, batch, epochs) -> list[dict]:
+    """airbench94_muon itself on (a)'s data files; in a dry run its port, on the CPU, at the dry run's size."""
+    head = ["## (e) airbench94_muon itself", "",
+            f"{airbench_carry.MUON_FILE} at commit {airbench_carry.MUON_COMMIT[:7]} ({airbench_carry.MUON_URL}): "
+            f"batch 2000, 8 epochs, Muon on the conv filters (Newton-Schulz in bf16), fp16 weights with fp32 "
+            f"BatchNorm, TTA level 2, compiled ({args.muon_compile}); on (a)'s train.pt and test.pt. Time: its own "
+            f"CUDA-event total (whitening + training + TTA), printed by main()."]
+
+    def show(trials):
+        report.set("e", head + table(["seed", "test accuracy (TTA)", "time"], [
+            [str(r["seed"]), f"{r['acc']:.2%}", f"{r['time_s']:.3f} s"] for r in trials]) + [
+            figure("accuracy", pct(r["acc"] for r in trials), "{:.2f}", " %"),
+            figure("time", [r["time_s"] for r in trials])])
+
+    if not dry:
+        ab = airbench_carry.import_muon(args.carry)
+        report.set("e", head + ["", "(running)"])
+        return airbench_carry.run_muon(ab, config.build_dir() / "capstone" / "airbench", args.seeds_list, deadline,
+                                       on_run=show, compile_mode=args.muon_compile)
+    head[-1] = (f"Dry run: airbench94_muon's loop is CUDA-only, so its port (scripts/airbench_muon_port.py) trains "
+                f"instead, on the CPU: widths {widths}, batch {batch}, {epochs} epochs, fp32, "
+                f"{muon.describe(muon.iteration_dtype('cpu'))}. Time: whitening + training + TTA.")
+    trials = []
+    for seed in args.seeds_list:
+        torch.manual_seed(seed)
+        train = airbench_port.Loader(dm.train_set.images, dm.train_set.labels, batch, train=True,
+                                     aug=airbench_muon_port.HYP["aug"])
+        test = airbench_port.Loader(dm.test_set.images, dm.test_set.labels, 2000, train=False)
+        out = airbench_muon_port.train(train, test, epochs, widths, ns_dtype=muon.iteration_dtype("cpu"))
+        trials.append({"seed": seed, "acc": out["acc"], "time_s": out["time_s"], "steps": out["steps"]})
+        show(trials)
+    return trials
+
+
+def muon_summary(report, e, f) -> None:
+    """The Muon rung (f) against airbench94_muon (e): time and accuracy by the course's rule."""
+    lines = ["## Muon comparison", ""]
+    if e and f:
+        names = ("the course (f)", "airbench94_muon (e)")
+        times = [r["total_s"] for r in f], [r["time_s"] for r in e]
+        accs = pct(r["acc"] for r in f), pct(r["acc"] for r in e)
+        lines += [f"- time: {verdict.compare(*times, *names, higher_is_better=False)}",
+                  f"- accuracy: {verdict.difference(*accs, *names, unit=' pt')}"]
+    if f:
+        reached = "reached" if statistics.mean(pct(r["acc"] for r in f)) >= 94 else "not reached"
+        lines.append(f"- 94 % on the held-out images: {reached} by the course's Muon rung")
+    report.set("muon", lines)
+
+
 def summary(report, a, b, c) -> None:
     ratio, diff = verdict.mean_ratio, verdict.mean_diff
     b_acc, b_time = pct(r["acc"] for r in b), [r["total_s"] for r in b]
@@ -205,6 +265,8 @@ def main() -> int:
                                   "(default: COURSE_DATA)")
     p.add_argument("--make-data", type=Path, help="write the JPEG pack here (and the airbench package) and exit")
     p.add_argument("--airbench-sdist", type=Path, help="with --make-data: airbench's sdist, unpacked into --carry")
+    p.add_argument("--airbench-muon", type=Path, help="with --make-data: airbench94_muon.py (MUON_URL), into --carry")
+    p.add_argument("--muon-compile", default="max-autotune", help="airbench94_muon's torch.compile mode (its own)")
     p.add_argument("--carry", type=Path, default=ROOT / "build" / "carry", help="folder holding airbench/ (carried)")
     p.add_argument("--seeds", type=int, default=5, help="timed runs per part")
     p.add_argument("--epochs", type=float, default=speedrun.EPOCHS)
@@ -216,6 +278,8 @@ def main() -> int:
         make_data(Path(config.data_source(args.data, need_files=True)) / "train", args.make_data)
         if args.airbench_sdist:
             print(f"airbench package in {airbench_carry.carry_package(args.airbench_sdist, args.carry)}")
+        if args.airbench_muon:
+            print(f"airbench94_muon in {airbench_carry.carry_muon(args.airbench_muon, args.carry)}")
         return 0
     t0 = time.monotonic()
     deadline = t0 + args.budget
@@ -268,6 +332,18 @@ def main() -> int:
     c = guarded(report, "c", c_head, lambda: part_c(module, dm, report, trials=b, epochs=epochs,
                                                     precision=precision, deadline=deadline, head=c_head))
     guarded(report, "summary", ["## Comparison"], lambda: summary(report, a, b, c))
+    # the Muon rung, after airbench94's: airbench94_muon's batch and epochs on a GPU, the dry run's size otherwise
+    m_batch, m_epochs = (batch, epochs) if dry else (speedrun.MUON.batch_size, speedrun.MUON.epochs)
+    e = guarded(report, "e", ["## (e) airbench94_muon itself"], lambda: part_e(
+        args, dm, report, deadline=deadline, dry=dry, widths=widths, batch=m_batch, epochs=m_epochs))
+    recipe = dataclasses.replace(speedrun.MUON, widths=widths, batch_size=m_batch, channels_last=gpu and not dry,
+                                 compile=gpu and not dry)
+    f_head = ["## (f) the course's Muon rung (SpeedrunModule with speedrun.MUON)", "",
+              f"Timed as (b). {muon.describe(muon.iteration_dtype('cuda' if gpu else 'cpu'))}."]
+    f = guarded(report, "f", f_head, lambda: part_b(speedrun.SpeedrunModule(recipe), dm, report,
+                                                    seeds=args.seeds_list, epochs=m_epochs, precision=precision,
+                                                    deadline=deadline, head=f_head, key="f"))
+    guarded(report, "muon", ["## Muon comparison"], lambda: muon_summary(report, e, f))
     d_head = ["## (d) lessons 03-05 and 06's one-device row", ""]
     guarded(report, "d", d_head, lambda: lesson_checks.run(
         source, float("inf") if dry else deadline, dry, info, lambda lines: report.set("d", d_head + lines)))

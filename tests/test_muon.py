@@ -223,3 +223,28 @@ def test_twin_trains_the_muon_recipe():
     assert len(out["losses"]) == 12 and torch.isfinite(out["losses"]).all()
     assert out["losses"][-2:].mean() < out["losses"][:2].mean()
     assert optim.linear_decay(12, 12) == 0 and optim.linear_decay(0, 12) == 1
+
+
+#: airbench94_muon.py's own table (print_training_details), as its main() prints one run
+MUON_OUTPUT = """\
+|  run     |  epoch  |  train_acc  |  val_acc  |  tta_val_acc  |  time_seconds  |
+|       0  |      0  |     0.4200  |   0.5100  |               |        0.4000  |
+|          |      7  |     0.9100  |   0.9350  |               |        2.3000  |
+|          |   eval  |     0.9100  |   0.9350  |       0.9402  |        2.5900  |
+"""
+
+
+def test_airbench94_muon_is_carried_checked_and_read(tmp_path):
+    """The GPU script's path to airbench94_muon.py: a wrong file is refused with the download command, a missing one
+    names the remedy, and its printed 'eval' row is read."""
+    import airbench_carry
+
+    wrong = tmp_path / "airbench94_muon.py"
+    wrong.write_text("print('not it')\n")
+    with pytest.raises(SystemExit, match=airbench_carry.MUON_URL):
+        airbench_carry.carry_muon(wrong, tmp_path / "carry")
+    with pytest.raises(FileNotFoundError, match="--airbench-muon"):
+        airbench_carry.import_muon(tmp_path / "carry")
+    assert airbench_carry.parse_muon_table(MUON_OUTPUT) == {"tta_val_acc": 0.9402, "time_seconds": 2.59}
+    with pytest.raises(ValueError, match="No 'eval' row"):
+        airbench_carry.parse_muon_table(MUON_OUTPUT.replace("eval", "   7"))
