@@ -140,6 +140,17 @@ def t_critical(df: int, alpha: float = LEVEL) -> float:
     return hi
 
 
+def _mean(values: Sequence[float]) -> float:
+    """The mean by math.fsum (statistics.mean's exact fractions are 50x slower, and simulations call this 8,000x)."""
+    return math.fsum(values) / len(values)
+
+
+def _squares(values: Sequence[float]) -> float:
+    """Sum of squared deviations from the mean: (n - 1) times the sample variance."""
+    m = _mean(values)
+    return math.fsum((v - m) ** 2 for v in values)
+
+
 def mean_difference(a: Sequence[float], b: Sequence[float], *, noise: float | None = None,
                     noise_runs: int | None = None, alpha: float = LEVEL) -> Interval:
     """mean(a) - mean(b) with Student's t interval: the pooled spread of a and b (df = n_a + n_b - 2), or `noise`,
@@ -147,14 +158,14 @@ def mean_difference(a: Sequence[float], b: Sequence[float], *, noise: float | No
     are nan without two runs a side or a noise; need is 2 runs a side."""
     if not a or not b:
         raise ValueError("A difference of means needs at least one measurement on each side.")
-    d, n = statistics.mean(a) - statistics.mean(b), min(len(a), len(b))
+    d, n = _mean(a) - _mean(b), min(len(a), len(b))
     if noise is not None:
         if noise_runs is None or noise_runs < 2 or noise < 0:
             raise ValueError(f"noise={noise} needs noise_runs, the number of runs it was measured over (2 or more).")
         sd, df = noise, noise_runs - 1
     elif n >= 2:
         df = len(a) + len(b) - 2
-        sd = math.sqrt(((len(a) - 1) * statistics.variance(a) + (len(b) - 1) * statistics.variance(b)) / df)
+        sd = math.sqrt((_squares(a) + _squares(b)) / df)
     else:
         return Interval(d, math.nan, math.nan, math.nan, n, 2)
     band = t_critical(df, alpha) * sd * math.sqrt(1 / len(a) + 1 / len(b))

@@ -39,7 +39,7 @@ def paired(rng, n, effect=1.0):
 
 def called(pairs, **kwargs) -> float:
     """The share of trials in which verdict.direction calls a difference (+1 or -1)."""
-    return float(np.mean([verdict.direction(list(a), list(b), **kwargs) in (1, -1) for a, b in zip(*pairs)]))
+    return float(np.mean([verdict.direction(a.tolist(), b.tolist(), **kwargs) in (1, -1) for a, b in zip(*pairs)]))
 
 
 def within_exact(rate: float, exact: float) -> bool:
@@ -95,7 +95,7 @@ def test_unpaired_power_at_the_fewest_runs_for_the_record():
 
 def difference_called(a, b, **kwargs) -> float:
     """The share of trials in which verdict.difference calls a difference."""
-    texts = [verdict.difference(list(x), list(y), "A", "B", **kwargs) for x, y in zip(a, b)]
+    texts = [verdict.difference(x.tolist(), y.tolist(), "A", "B", **kwargs) for x, y in zip(a, b)]
     return float(np.mean([t.startswith("A is ") for t in texts]))
 
 
@@ -116,11 +116,11 @@ def test_difference_against_a_seed_spread_aa():
     std = seeds.std(axis=1, ddof=1)
     a, b = rng.normal(1.0, NOISE, (TRIALS, 1)), rng.normal(1.0, NOISE, (TRIALS, 1))
     texts = [verdict.difference([x], [y], "A", "B", noise=s, noise_runs=SEED_RUNS)
-             for x, y, s in zip(a[:, 0], b[:, 0], std)]
+             for x, y, s in zip(a[:, 0].tolist(), b[:, 0].tolist(), std.tolist())]
     aa = float(np.mean([t.startswith("A is ") for t in texts]))
     assert aa <= 0.05 and within_exact(aa, significance.LEVEL), aa
     hit = [verdict.difference([x + EFFECT - 1], [y], "A", "B", noise=s, noise_runs=SEED_RUNS)
-           for x, y, s in zip(a[:, 0], b[:, 0], std)]
+           for x, y, s in zip(a[:, 0].tolist(), b[:, 0].tolist(), std.tolist())]
     print(f"ladder power at 1.3x, 8 % noise, one run a side: {np.mean([t.startswith('A is ') for t in hit]):.1%}")
 
 
@@ -132,12 +132,12 @@ def test_paired_accuracy_aa_and_power():
     right = rng.random((trials, n)) < 0.5
     flip_a, flip_b = (rng.random((trials, n)) < 0.08 for _ in range(2))  # each model errs afresh on 8 % of images
     a, b = right ^ flip_a, right ^ flip_b
-    texts = [verdict.paired_accuracy(list(x), list(y), "A", "B") for x, y in zip(a, b)]
+    texts = [verdict.paired_accuracy(x.tolist(), y.tolist(), "A", "B") for x, y in zip(a, b)]
     aa = float(np.mean([t.startswith("A is ") for t in texts]))
     exact = significance.ALPHA  # mcnemar_band's own rate is below it for every discordant count
     assert aa <= 0.05 and aa <= exact + 4 * math.sqrt(exact * (1 - exact) / trials), aa
     better = a | (~a & (rng.random((trials, n)) < 0.06))  # A gets ~3 pt more right
-    hits = [verdict.paired_accuracy(list(x), list(y), "A", "B") for x, y in zip(better, b)]
+    hits = [verdict.paired_accuracy(x.tolist(), y.tolist(), "A", "B") for x, y in zip(better, b)]
     assert np.mean([t.startswith("A is ") for t in hits]) >= 0.80
 
 
@@ -153,7 +153,7 @@ def all_verdict_strings(rng) -> list[str]:
             a, b = paired(rng, n, effect)
             for x, y in zip(a[:25], b[:25]):
                 for kwargs in ({"paired": True}, {}, {"higher_is_better": False}, {"paired": True, "smallest": 0}):
-                    texts.append(verdict.compare(list(x), list(y), "A", "B", **kwargs))
+                    texts.append(verdict.compare(x.tolist(), y.tolist(), "A", "B", **kwargs))
     return texts
 
 
