@@ -85,6 +85,15 @@ def test_dry_run_writes_every_part_with_parsable_figures(make_folder, cifar_fold
     assert len(shown) == 1 and shown[0]["hardware"].startswith("Hardware: CPU")
     assert shown[0]["comparison"] == [ln for ln in comparison.splitlines() if ln.startswith("- ")] != []
 
+    e = section(text, "## (e) airbench94_muon itself")  # the dry run trains its port: the original is CUDA-only
+    assert "airbench_muon_port.py" in e and spread(e, "accuracy", " %")[4] == 2 and spread(e, "time", " s")[0] > 0
+    f = section(text, "## (f) the course's Muon rung")
+    assert spread(f, "accuracy", " %")[4] == 2 and spread(f, "time (fit + test)", " s")[0] > 0
+    assert "Newton-Schulz iteration in float" in f  # the iteration's dtype, chosen by the hardware, printed
+    muon_lines = section(text, "## Muon comparison")
+    assert "- time: the course (f)" in muon_lines and "- accuracy: the course (f)" in muon_lines
+    assert text.index("## (a)") < text.index("## (e)") < text.index("## (f)") < text.index("## (d)")
+
     d = section(text, "## (d) lessons 03-05 and 06's one-device row")
     check = (build / "gpu_check-dryrun.md").read_text()
     for name in ("small CNN, GPU-resident data", "ResNet-9 fp32", "lesson 06: 1 device"):
