@@ -9,16 +9,16 @@ import lightning as L
 
 
 class PauseAtStep(L.Callback):
-    """After optimizer step `step`, write `marker` and wait (up to a minute) for the test to send a signal."""
+    """After optimizer step `step`, write `marker` and wait (up to `seconds`) for the test to send a signal."""
 
-    def __init__(self, step: int, marker: str):
-        self.step, self.marker = step, marker
+    def __init__(self, step: int, marker: str, seconds: float = 60):
+        self.step, self.marker, self.seconds = step, marker, seconds
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step != self.step:
             return
         Path(self.marker).write_text(str(self.step))
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + self.seconds
         while not trainer.received_sigterm and time.monotonic() < deadline:  # Ctrl+C turns into this flag too
             time.sleep(0.02)
 

@@ -49,8 +49,9 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 180) -> None:
 
 
 def pause(step: int, marker: Path) -> list[str]:
+    """Flags that pause a fit after `step` until a signal arrives (up to 5 minutes: the runs wait for each other)."""
     return ["--trainer.callbacks+=cli_callbacks.PauseAtStep", f"--trainer.callbacks.step={step}",
-            f"--trainer.callbacks.marker={marker}"]
+            f"--trainer.callbacks.marker={marker}", "--trainer.callbacks.seconds=300"]
 
 
 def ckpt_dir(build: Path) -> Path:
@@ -63,9 +64,9 @@ def load(path: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_folder):
-    """Three fits at once (one thread each): one killed with SIGKILL mid-epoch 2, one paused there while a second fit
-    of its folder starts and then stopped by SIGTERM, one interrupted by Ctrl+C and again while exiting; then the
-    killed and the stopped runs resumed."""
+    """Three fits at once (one thread each): one killed with SIGKILL mid-epoch 2, one interrupted by Ctrl+C and again
+    while exiting, one paused mid-epoch 2 while a second fit of its folder starts and then stopped by SIGTERM; then
+    the killed and the stopped runs resumed."""
     root = tmp_path_factory.mktemp("robust")
     data, builds = root / "data", {k: root / k / "build" for k in ("killed", "held", "exiting")}
     marks = {k: root / f"{k}.paused" for k in builds}
@@ -80,17 +81,17 @@ def runs(tmp_path_factory, tiny_folder):
     out["killed"] = finish(procs["killed"])
     out["after_kill"] = sorted(p.name for p in ckpt_dir(builds["killed"]).iterdir())
     out["killed_last"] = load(ckpt_dir(builds["killed"]) / "last.ckpt") if "last.ckpt" in out["after_kill"] else {}
+    wait_for(marks["exiting"], procs["exiting"])
+    procs["exiting"].send_signal(signal.SIGINT)
+    wait_for(root / "exiting.atexit", procs["exiting"])  # now in its exit handlers
+    procs["exiting"].send_signal(signal.SIGINT)
+    out["exiting"] = finish(procs["exiting"])
     wait_for(marks["held"], procs["held"])
     out["second"] = finish(launch(builds["held"], data, tiny_folder))  # same run folder, while the first runs
     out["held_pid"] = procs["held"].pid
     procs["held"].send_signal(signal.SIGTERM)
     out["held"] = finish(procs["held"])
     out["held_step"] = load(ckpt_dir(builds["held"]) / "last.ckpt")["global_step"]
-    wait_for(marks["exiting"], procs["exiting"])
-    procs["exiting"].send_signal(signal.SIGINT)
-    wait_for(root / "exiting.atexit", procs["exiting"])  # now in its exit handlers
-    procs["exiting"].send_signal(signal.SIGINT)
-    out["exiting"] = finish(procs["exiting"])
     resumed = {k: launch(builds[k], data, tiny_folder, "--ckpt_path", "last") for k in ("killed", "held")}
     out.update({f"{k}_resumed": finish(p) for k, p in resumed.items()})
     return {"builds": builds, "out": out, "data": data}
