@@ -55,7 +55,7 @@ def run_port(dm, args, seed: int) -> dict:
             "final_loss": out["losses"][-5:].mean().item()}
 
 
-def report(path: Path, out: Path) -> Path:
+def report(path: Path, out: Path, note: str = "") -> Path:
     """One row per (settings, implementation); the course - port gaps judged by verdict.direction."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     groups: dict[tuple, list[dict]] = {}
@@ -86,6 +86,7 @@ def report(path: Path, out: Path) -> Path:
             a, b = pct(r[k] for r in rs), pct(r[k] for r in port)
             lines.append(f"- {label}: {verdict.difference(a, b, 'the course', 'the port', unit=' pt')}")
     lines += ["", f"Runs from {path} (commits {', '.join(sorted({r['commit'] for r in rows}))}), one at a time."]
+    lines += ["", note] if note else []
     return results.write_report(out, "Muon rung fidelity: the course against a port of airbench94_muon, on a CPU",
                                 lines)
 
@@ -102,10 +103,11 @@ def main() -> int:
     p.add_argument("--epochs", type=float, default=speedrun.MUON.epochs)
     p.add_argument("--runs", type=Path, default=config.build_dir() / "fidelity" / "muon-runs.jsonl")
     p.add_argument("--report", action="store_true", help="write --out from --runs and exit")
+    p.add_argument("--note", default="", help="with --report: a paragraph on how the runs were made")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "fidelity-muon-cpu.md")
     args = p.parse_args()
     if args.report:
-        print(report(args.runs, args.out).read_text())
+        print(report(args.runs, args.out, args.note).read_text())
         return 0
     if args.impl is None:
         p.error("--impl is required (or --report)")
