@@ -9,10 +9,21 @@ LOCK   := requirements/lock.txt
 UV     ?= $(shell command -v uv 2>/dev/null)
 # make lock LOCK_FLAGS=--upgrade also moves every transitive pin to its newest release that fits.
 LOCK_FLAGS ?=
+# CI's second stack: every runtime dependency at its floor (Colab's torch 2.11 and torchvision 0.26), for Python 3.11
+# here; FLOOR_313 is the same set for Colab's Python 3.13, wheels only. make floor builds the venv once per machine,
+# outside the clone, named by the file's hash (a changed floor.txt gets a new venv; delete old ones by hand).
+FLOOR      := requirements/floor.txt
+FLOOR_313  := requirements/floor-py313.txt
+FLOOR_VENV ?= $(HOME)/.cache/lightning-speed-course/floor-$(shell $(PYTHON) -c \
+	"import hashlib; print(hashlib.sha256(open('$(FLOOR)', 'rb').read()).hexdigest()[:16])")
+# Colab's platform for that check: x86_64 Linux, glibc 2.35 (Ubuntu 22.04), so every manylinux tag up to uv's 2_28
+PY313_PLATFORMS := $(foreach v,$(shell seq 5 28),--platform manylinux_2_$(v)_x86_64) --platform manylinux2014_x86_64
+# the unit tests that floor runs besides every lesson: the API scan, and those that call version-sensitive APIs
+FLOOR_TESTS := tests/test_floor.py tests/test_config_policy.py tests/test_compress.py tests/test_models.py
 # Data: COURSE_DATA if set, else ../shared/data/cifar10-jpeg where it exists, else torchvision's download
 # (course_lib.config.data_source decides, for the lessons, the CLI, the scripts and the tests alike).
 
-.PHONY: course test lessons lab venv lock site clean
+.PHONY: course test lessons lab venv lock floor site clean
 
 venv: $(STAMP)
 
@@ -33,12 +44,19 @@ else
 endif
 	touch $(STAMP)
 
-## Re-pin requirements/lock.txt from pyproject.toml: each direct dependency at its lower bound (so CI tests the
-## floors), everything else at the newest release that fits, for every platform, with hashes. Then run make test.
+## Re-pin the two stacks from pyproject.toml, for every platform, with hashes: requirements/lock.txt (the newest stack:
+## requirements/main.txt's pins, every other direct dependency at its floor) and requirements/floor.txt (every direct
+## dependency at its floor: Colab's versions), plus floor-py313.txt (the runtime set at the floors for Python 3.13,
+## wheels only: it fails where a floor has no cp313 wheel). The other pins: the newest release that fits. Then make
+## test and make floor.
 lock:
 	@test -n "$(UV)" || { echo "make lock needs uv: pip install uv (or pipx install uv), or make lock UV=/path/to/uv"; exit 1; }
 	$(UV) pip compile pyproject.toml --extra dev --extra docs --universal --resolution lowest-direct --generate-hashes \
-		--custom-compile-command "make lock" $(LOCK_FLAGS) -o $(LOCK)
+		-c requirements/main.txt --custom-compile-command "make lock" $(LOCK_FLAGS) -o $(LOCK)
+	$(UV) pip compile pyproject.toml --extra dev --universal --resolution lowest-direct --generate-hashes \
+		--custom-compile-command "make lock" $(LOCK_FLAGS) -o $(FLOOR)
+	$(UV) pip compile pyproject.toml --python-version 3.13 --python-platform x86_64-manylinux_2_28 --no-build \
+		--resolution lowest-direct --generate-hashes --custom-compile-command "make lock" $(LOCK_FLAGS) -o $(FLOOR_313)
 
 ## Run every lesson top to bottom (COURSE_SIZE=full unless set); executed notebooks and summary go to build/.
 course: $(STAMP)
@@ -48,6 +66,25 @@ course: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check course_lib scripts tests
 	COURSE_SIZE=smoke $(BIN)/python -m pytest -q
+
+## CI's second stack: the floor venv (built once, see FLOOR_VENV), the course into it without touching torch, a check that
+## every floor has a cp313 wheel in the registry, then FLOOR_TESTS and every lesson through nbval, in smoke size.
+floor: $(FLOOR_VENV)/.installed
+	$(FLOOR_VENV)/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+	$(FLOOR_VENV)/bin/python -m pip install -q --dry-run --ignore-installed --no-deps --only-binary=:all: \
+		--python-version 3.13 $(PY313_PLATFORMS) --target $(FLOOR_VENV)/py313 --require-hashes -r $(FLOOR_313)
+	COURSE_SIZE=smoke $(FLOOR_VENV)/bin/python -m pytest -q $(FLOOR_TESTS) notebooks/
+
+$(FLOOR_VENV)/.installed: $(FLOOR)
+	test -x $(FLOOR_VENV)/bin/python || $(PYTHON) -m venv $(FLOOR_VENV)
+ifneq ($(UV),)
+	$(UV) pip install --python $(FLOOR_VENV)/bin/python --require-hashes -r $(FLOOR)
+else
+	awk '/^pip==/ {f = 1} f {print} f && !/\\$$/ {exit}' $(FLOOR) > $(FLOOR_VENV)/pip-lock.txt
+	$(FLOOR_VENV)/bin/python -m pip install -q --require-hashes --no-deps -r $(FLOOR_VENV)/pip-lock.txt
+	$(FLOOR_VENV)/bin/python -m pip install -q --require-hashes -r $(FLOOR)
+endif
+	touch $@
 
 ## Re-run the lessons and write their outputs back into notebooks/ (what is committed).
 lessons: $(STAMP)

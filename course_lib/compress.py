@@ -40,9 +40,14 @@ def example_input(batch: int = EXAMPLE_BATCH, shape=(3, 32, 32)) -> torch.Tensor
 
 
 def export(model: nn.Module, example: torch.Tensor | None = None) -> torch.export.ExportedProgram:
-    """torch.export of `model` as it is (train or eval mode), with a dynamic batch dimension."""
+    """torch.export of `model` as it is (train or eval mode), with a dynamic batch dimension, traced strictly (Dynamo).
+
+    Strict: the quantizer finds convolutions and linears by the source each graph node records (source_fn_stack),
+    which only strict tracing writes. Default (non-strict) tracing works from torch 2.14 on, whose source matcher
+    falls back to the module stack; on torch 2.11 (Colab's) X86InductorQuantizer then annotates nothing and the
+    "int8" model stays fp32. Strict tracing gives the same graph on both (tests/test_compress.py)."""
     example = example_input() if example is None else example
-    return torch.export.export(model, (example,), dynamic_shapes=({0: BATCH},))
+    return torch.export.export(model, (example,), dynamic_shapes=({0: BATCH},), strict=True)
 
 
 def x86_quantizer(is_qat: bool = False, reduce_range: bool | None = None) -> X86InductorQuantizer:
@@ -72,6 +77,15 @@ def drop_unused_attributes(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return gm
 
 
+def int8_or_raise(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """gm, once it holds int8 weights: a quantizer that matched no layer leaves an fp32 graph, never used silently."""
+    if not any(t.dtype == torch.int8 for t in gm.state_dict().values()):
+        raise RuntimeError("The quantizer matched no convolution or linear layer, so the graph stayed fp32. Export "
+                           "with compress.export (strict tracing, which torch < 2.14 needs for PT2E) and pair torch "
+                           f"with torchao (torchao 0.18 needs torch >= 2.11; here torch {torch.__version__}).")
+    return gm
+
+
 @torch.no_grad()
 def quantize_ptq(model: nn.Module, calibration, example: torch.Tensor | None = None,
                  reduce_range: bool | None = None) -> torch.fx.GraphModule:
@@ -83,7 +97,7 @@ def quantize_ptq(model: nn.Module, calibration, example: torch.Tensor | None = N
     prepared = prepare_pt2e(exported, x86_quantizer(reduce_range=reduce_range))
     for x in calibration:  # observers record each activation's range
         prepared(x)
-    return drop_unused_attributes(convert_pt2e(prepared))
+    return int8_or_raise(drop_unused_attributes(convert_pt2e(prepared)))
 
 
 def fold_batchnorm(model: nn.Module) -> nn.Module:
@@ -117,7 +131,7 @@ def convert_qat(prepared: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """A QAT-trained graph to the same int8 form quantize_ptq gives."""
     prepared = copy.deepcopy(prepared)
     move_exported_model_to_eval(prepared)
-    return drop_unused_attributes(convert_pt2e(prepared))
+    return int8_or_raise(drop_unused_attributes(convert_pt2e(prepared)))
 
 
 def quantize_linear_int8(model: nn.Module, mode: str = "dynamic") -> nn.Module:

@@ -142,7 +142,9 @@ def child_env() -> dict:
 
 
 def banner(lesson: str) -> dict:
-    """Print the run size and hardware this lesson's outputs come from; the first output of every lesson."""
+    """Print the run size and hardware this lesson's outputs come from; the first output of every lesson. Stops with
+    the fix where an NVIDIA driver is loaded but torch cannot use its GPU (hardware.check_cuda)."""
+    hardware.check_cuda()
     size, info = run_size(), hardware.facts()
     print(f"{lesson} | run size: {size.name} | hardware: {hardware.label(info)}")
     print(f"torch {info['torch']}, torchvision {info['torchvision']}, lightning {info['lightning']}, "

@@ -6,6 +6,7 @@ import functools
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import warnings
@@ -154,6 +155,66 @@ def set_tf32(on: bool | None) -> None:
     else:
         torch.set_float32_matmul_precision("high" if matmul == "tf32" else "highest")
         torch.backends.cudnn.allow_tf32 = conv == "tf32"
+
+
+#: the oldest Linux NVIDIA driver each CUDA major release runs on (CUDA's minor-version compatibility), from NVIDIA's
+#: CUDA compatibility guide, https://docs.nvidia.com/deploy/cuda-compatibility/ (table "CUDA Toolkit and Minimum
+#: Required Driver Version")
+MIN_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
+NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")  # present wherever the NVIDIA kernel driver is loaded (Linux)
+
+
+def nvidia_driver(text: str | None = None) -> str | None:
+    """The loaded NVIDIA driver's version ('550.54.15') from /proc/driver/nvidia/version text; None without one."""
+    if text is None:
+        try:
+            text = NVIDIA_DRIVER.read_text()
+        except OSError:
+            return None
+    found = re.search(r"Kernel Module.*?\s(\d+\.\d+(?:\.\d+)?)\s", text)
+    return found[1] if found else "unknown"
+
+
+def cuda_problem(driver: str | None, built_for: str | None, usable: bool, visible: str | None = None) -> str | None:
+    """Why torch cannot use the NVIDIA GPU whose driver is loaded, naming the fix; None where CUDA works, no driver is
+    loaded, or CUDA_VISIBLE_DEVICES (`visible`) hides every GPU on purpose. built_for: torch.version.cuda."""
+    if driver is None or usable or (visible is not None and visible.strip() in ("", "-1")):
+        return None
+    ours = f"torch {torch.__version__}"
+    on_cpu = "so torch sees no GPU and the lessons would run on the CPU, many times slower"
+    cpu_anyway = "To run on the CPU on purpose, set CUDA_VISIBLE_DEVICES='' before importing course_lib."
+    if built_for is None:
+        return (f"An NVIDIA driver ({driver}) is loaded, but {ours} is a CPU-only build, {on_cpu}. Fix: install a "
+                f"CUDA build of torch that your driver supports (see nvidia-smi's 'CUDA Version'). {cpu_anyway}")
+    need, numbers = MIN_DRIVER.get(int(built_for.split(".")[0])), lambda v: tuple(map(int, v.split(".")))
+    if need and re.fullmatch(r"[0-9.]+", driver) and numbers(driver) < numbers(need):
+        return (f"{ours} is built for CUDA {built_for}, which needs NVIDIA driver {need} or "
+                f"newer; this machine's driver is {driver}, {on_cpu}. Fix: keep a torch built for your driver's CUDA. "
+                f"On Colab: Runtime > Disconnect and delete runtime, then run the lesson again (the install cell "
+                f"keeps Colab's own torch; a torch installed by hand replaced it). Elsewhere: install torch from "
+                f"PyTorch's index for your CUDA (https://pytorch.org/get-started/locally/), or update the driver. "
+                f"{cpu_anyway}")
+    return (f"An NVIDIA driver ({driver}) is loaded and {ours} is built for CUDA {built_for}, yet "
+            f"torch.cuda.is_available() is False, {on_cpu}. Fix: check that nvidia-smi lists a GPU and that "
+            f"CUDA_VISIBLE_DEVICES ({visible}) names one; on Colab, pick a GPU runtime (Runtime > Change runtime "
+            f"type). "
+            f"{cpu_anyway}")
+
+
+def check_cuda() -> None:
+    """Raise a RuntimeError naming the fix where an NVIDIA driver is loaded but torch cannot use the GPU (never a silent
+    fall back to the CPU). Asks CUDA in a child process unless it is initialised here, so forked DDP stays possible."""
+    driver, visible = nvidia_driver(), os.environ.get("CUDA_VISIBLE_DEVICES")
+    if driver is None or (visible is not None and visible.strip() in ("", "-1")):
+        return
+    if torch.cuda.is_initialized():
+        usable = torch.cuda.is_available()
+    else:
+        code = "import torch; print(torch.cuda.is_available())"
+        usable = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "True"
+    problem = cuda_problem(driver, torch.version.cuda, usable, visible)
+    if problem:
+        raise RuntimeError(problem)
 
 
 def check_devices(accelerator, devices) -> None:

@@ -57,7 +57,9 @@ def cli_defaults() -> dict:
 #: warnings no learner can act on: Lightning 2.6 calling a pytree API torch 2.14 deprecates, and the notice that a
 #: timing run (validation off on purpose) skips the validation loop
 UNACTIONABLE = (r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",
-                r".*defined a `validation_step` but have no `val_dataloader`.*")
+                r".*defined a `validation_step` but have no `val_dataloader`.*",
+                # torch 2.11's torch.export.load wraps its own archive's bytes (compress.load_program; gone by 2.14)
+                r"The given buffer is not writable, and PyTorch does not support non-writable tensors.*")
 
 
 def quiet_lightning() -> None:

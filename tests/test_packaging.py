@@ -87,15 +87,22 @@ def test_lock_pins_every_package_with_hashes():
     assert all(hashes for entries in pins.values() for _, hashes in entries)
 
 
-def test_lock_holds_every_declared_dependency_at_its_lower_bound():
-    """The lock (what CI tests) pins each direct dependency (runtime, dev, docs) at exactly its lower bound: the floors
-    in pyproject.toml are the versions that were installed and tested. make lock keeps it so (lowest-direct)."""
+def test_lock_pins_the_newest_stack_and_every_other_dependency_at_its_floor():
+    """The lock (make test's stack) pins each runtime package that requirements/main.txt names at that version, inside
+    its range, and every other direct dependency (runtime, dev, docs) at exactly its lower bound (make lock:
+    lowest-direct with main.txt as constraints). The runtime floors are the floor stack's (tests/test_floor.py)."""
     pins = lock_pins()
+    newest = {canonicalize_name(r.name): str(next(iter(r.specifier)).version) for r in map(
+        Requirement, (ln for ln in (REPO / "requirements" / "main.txt").read_text().splitlines()
+                      if ln.strip() and not ln.startswith("#")))}
+    runtime = requirement_table(PYPROJECT["project"]["dependencies"])
+    assert set(newest) <= set(runtime) and {"torch", "torchvision"} <= set(newest)
     declared = PYPROJECT["project"]["dependencies"] + sum(PYPROJECT["project"]["optional-dependencies"].values(), [])
     for name, (_, spec) in requirement_table(declared).items():
         floors = [s.version for s in spec if s.operator == ">="]
         assert len(floors) == 1, f"{name} needs one lower bound: {spec}"
-        assert [v for v, _ in pins[name]] == floors, f"{name}: lock {pins[name][0][0]}, floor {floors[0]}"
+        want = newest.get(name, floors[0])
+        assert spec.contains(want) and [v for v, _ in pins[name]] == [want], f"{name}: lock {pins[name]}, want {want}"
 
 
 @pytest.mark.parametrize("uv", ["", "/opt/uv/bin/uv"])
