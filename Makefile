@@ -23,7 +23,7 @@ FLOOR_TESTS := tests/test_floor.py tests/test_config_policy.py tests/test_compre
 # Data: COURSE_DATA if set, else ../shared/data/cifar10-jpeg where it exists, else torchvision's download
 # (course_lib.config.data_source decides, for the lessons, the CLI, the scripts and the tests alike).
 
-.PHONY: course test lessons lab venv lock floor site clean
+.PHONY: course test test-fast lessons lab venv lock floor site clean
 
 venv: $(STAMP)
 
@@ -66,6 +66,12 @@ course: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check course_lib scripts tests
 	COURSE_SIZE=smoke $(BIN)/python -m pytest -q
+
+## The developer's inner loop: lint, then the tests not marked slow (nothing that trains,
+## starts a Python process or executes a notebook: tests/conftest.py's SLOW). make test still runs everything.
+test-fast: $(STAMP)
+	$(BIN)/ruff check course_lib scripts tests
+	COURSE_SIZE=smoke $(BIN)/python -m pytest -q -m "not slow"
 
 ## CI's second stack: the floor venv (built once, see FLOOR_VENV), the course into it without touching torch, a check that
 ## every floor has a cp313 wheel in the registry, then FLOOR_TESTS and every lesson through nbval, in smoke size.

@@ -1,13 +1,18 @@
 """Shared fixtures: the real CIFAR-10 JPEG folder (found, or made from a download), small copies of it, per-test
-cache isolation, and the GPU machine's fork rule, emulated in every process the tests start."""
+cache isolation, and the GPU machine's fork rule, emulated in every process the tests start. The two tiers: `slow`
+marks what trains, starts a Python process or executes a notebook (SLOW, one list); `--shuffle-seed N` shuffles."""
 from __future__ import annotations
 
 import importlib.util
+import multiprocessing.process
 import os
+import random
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 
@@ -33,10 +38,145 @@ def load_fork_rule():
 os.environ["PYTHONPATH"] = os.pathsep.join([str(FORK_RULE), *filter(None, [os.environ.get("PYTHONPATH")])])
 fork_rule = load_fork_rule()
 fork_rule.install(torch)
+
+
 def pytest_configure(config):
-    """The warnings the lessons hide as unactionable (runs.UNACTIONABLE, one list) are hidden in the tests too."""
+    """The warnings the lessons hide as unactionable (runs.UNACTIONABLE, one list) are hidden in the tests too; a
+    fast-tier run (-m "not slow") watches for tests that belong to the slow tier."""
     for message in runs.UNACTIONABLE:
         config.addinivalue_line("filterwarnings", f"ignore:{message}")
+    if "not slow" in (config.getoption("markexpr") or ""):
+        config.pluginmanager.register(SlowGuard(), "slow_guard")
+
+
+# The slow tier (`make test` runs it, `make test-fast` leaves it out): every notebook cell, and these node-id prefixes,
+# the tests that train (Trainer.fit), start a Python process (subprocess, spawned workers, torchrun) or take seconds
+# for another reason. SlowGuard fails a fast-tier test that trains or starts a Python process, naming this list.
+SLOW = tuple(f"tests/{path}" for path in [  # whole files
+    "test_classes.py", "test_cli_robust.py", "test_exercises.py", "test_gpu_fork_rule.py", "test_gpu_fp16.py",
+    "test_gpu_ondevice.py", "test_gpu_syncs.py", "test_gpu_tf32.py", "test_repro.py", "test_resume.py",
+    "test_site.py",
+]) + tuple(f"tests/{path}::{name}" for path, names in {  # tests, by name or name prefix
+    "test_capstone.py": ["test_dry_run_writes_every_part_with_parsable_figures",
+                         "test_make_data_packs_the_jpegs_and_carries_the_airbench_package"],
+    "test_cli.py": ["test_explicit_backbone_that_contradicts_the_checkpoint_is_an_error", "test_failed_fit_",
+                    "test_fit_", "test_new_fit_over_an_earlier_run", "test_test_"],
+    "test_colab_install.py": ["test_install_cell_"],
+    "test_compress.py": ["test_pruning_callback", "test_ptq_", "test_qat_trains", "test_reloaded_int8"],
+    "test_data.py": ["test_full_folder_cached_in_repo_data"],
+    "test_ddp.py": ["test_ddp_matches_one_process", "test_script_path_lightning", "test_torchrun_cli_ddp",
+                    "test_two_nodes_on_localhost"],
+    "test_exercise_checks.py": ["test_01_", "test_02_", "test_03_", "test_07_", "test_08_"],
+    "test_fidelity.py": ["test_training_matches_airbench_step_for_step"],
+    "test_modules.py": ["test_barebones_", "test_fast_dev_run_", "test_logged_", "test_module_schedule_",
+                        "test_new_fit_from_loaded_weights"],
+    "test_muon.py": ["test_module_and_twin_train", "test_muon_recipe_optimizer_steps", "test_twin_trains"],
+    "test_notebook_outputs.py": ["test_quiet_lightning_removes_the_noise"],
+    "test_scripts.py": ["test_child_env_lets_a_child_process", "test_gpu_scripts_run_from_a_checkout"],
+    "test_speed.py": ["test_bench_", "test_device_data_module_trains", "test_scaling_measures", "test_too_few_steps"],
+    "test_speedrun.py": ["test_bad_inputs", "test_datamodule_carves", "test_fractional_epochs",
+                         "test_lightning_module_and", "test_recipe_is_the_one_source", "test_tta_levels",
+                         "test_twin_compiles", "test_whitening_bias_trains"],
+}.items() for name in names)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--shuffle-seed", type=int, default=None, metavar="N",
+                     help="run the test files in an order shuffled by seed N, and the tests of each file shuffled "
+                          "too (a notebook's cells keep their order)")
+
+
+def pytest_report_header(config):
+    seed = config.getoption("shuffle_seed")
+    return None if seed is None else f"shuffled with --shuffle-seed {seed}"
+
+
+def is_notebook_cell(item) -> bool:
+    """An nbval item: one cell of a lesson notebook."""
+    return item.path.suffix == ".ipynb"
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(config, items):
+    """Mark the slow tier; with --shuffle-seed, shuffle files and the tests within each (notebook cells stay in order,
+    and a file's tests stay together so its module-scoped fixtures are built once)."""
+    for item in items:
+        if is_notebook_cell(item) or item.nodeid.startswith(SLOW):
+            item.add_marker(pytest.mark.slow)
+    seed = config.getoption("shuffle_seed")
+    if seed is None:
+        return
+    rng, files = random.Random(seed), {}
+    for item in items:
+        files.setdefault(item.path, []).append(item)
+    order = list(files.values())
+    rng.shuffle(order)
+    for group in order:
+        if not is_notebook_cell(group[0]):
+            rng.shuffle(group)
+    items[:] = [item for group in order for item in group]
+
+
+def starts_python(args) -> bool:
+    """Whether a subprocess command line starts a Python interpreter (python, torchrun, jupyter), the costly kind."""
+    argv = args.split() if isinstance(args, (str, bytes)) else list(args)
+    first = str(argv[0]) if argv else ""
+    return first == sys.executable or Path(first).name.startswith(("python", "torchrun", "jupyter"))
+
+
+class SlowGuard:
+    """In a fast-tier run: a test (or a fixture it sets up) that trains with Trainer.fit or starts a Python process
+    fails at teardown, naming SLOW. The patched calls still run, so the code under test sees no difference."""
+
+    def __init__(self):
+        self.current, self.seen = None, {}  # the running item's node id; node id -> what it did
+
+    def note(self, what: str) -> None:
+        if self.current is not None:
+            self.seen.setdefault(self.current, []).append(what)
+
+    def pytest_sessionstart(self, session):
+        process = multiprocessing.process.BaseProcess  # every start method's Process: fork, spawn, forkserver
+        popen, start, fit = subprocess.Popen.__init__, process.start, L.Trainer.fit
+        guard = self
+
+        def popen_init(self, args, *rest, **kwargs):
+            if starts_python(args):
+                guard.note(f"starts a Python process: {str(args)[:120]}")
+            popen(self, args, *rest, **kwargs)
+
+        def process_start(self):
+            guard.note(f"starts a {type(self).__name__}")
+            start(self)
+
+        def trainer_fit(self, *args, **kwargs):
+            guard.note("trains (Trainer.fit)")
+            return fit(self, *args, **kwargs)
+
+        self.restore = [(subprocess.Popen, "__init__", popen), (process, "start", start), (L.Trainer, "fit", fit)]
+        subprocess.Popen.__init__, process.start, L.Trainer.fit = popen_init, process_start, trainer_fit
+
+    def pytest_sessionfinish(self, session):
+        for owner, name, original in self.restore:
+            setattr(owner, name, original)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        self.current = item.nodeid
+        try:
+            return (yield)
+        finally:
+            self.current = None
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        report = yield
+        seen = self.seen.pop(item.nodeid, None) if call.when == "teardown" else None
+        if seen and report.passed:
+            report.outcome = "failed"
+            report.longrepr = (f"{item.nodeid} belongs to the slow tier: it {'; '.join(sorted(set(seen)))}. Add its "
+                               f"node id to SLOW in tests/conftest.py.")
+        return report
 
 
 TINY_CLASSES = ("airplane", "cat", "ship")

@@ -1,8 +1,6 @@
-"""course_lib.compress: int8 PTQ accuracy, size and reload; QAT end to end; pruning sparsity; no deprecated API."""
+"""course_lib.compress: int8 PTQ accuracy, size and reload; QAT end to end; pruning sparsity. The deprecated
+torch.ao.quantization is banned by ruff (TID251 in pyproject.toml) in course_lib, scripts and tests alike."""
 from __future__ import annotations
-
-import ast
-from pathlib import Path
 
 import lightning as L
 import pytest
@@ -13,7 +11,6 @@ from course_lib.data import CIFAR10DataModule
 from course_lib.models import LeNet, ResNet9
 from course_lib.modules import ImageClassifierModule
 
-REPO = Path(__file__).resolve().parents[1]
 # PTQ tolerance on fresh random inputs: logits within 5 % relative L2 error of fp32, and the same top-1 class for at
 # least 95 % of inputs (int8 rounding moves logits by about 1 %; near-ties may flip)
 PTQ_REL_ERR, PTQ_AGREEMENT = 0.05, 0.95
@@ -132,38 +129,3 @@ def test_linear_int8_configs_stay_close():
             assert ((out - ref).norm() / ref.norm()).item() < 0.05, mode
     with pytest.raises(ValueError, match="weight_only"):
         compress.quantize_linear_int8(model, "int4")
-
-
-def deprecated_quantization_uses(source: str) -> list[int]:
-    """Line numbers where code (not strings or comments) imports or touches torch.ao.quantization."""
-    hits = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            names = [f"{node.module}.{a.name}" for a in node.names]
-        elif isinstance(node, ast.Attribute):
-            names = [ast.unparse(node)]
-        else:
-            continue
-        if any(n == "torch.ao.quantization" or n.startswith("torch.ao.quantization.") for n in names):
-            hits.append(node.lineno)
-    return sorted(set(hits))
-
-
-def test_deprecated_quantization_scan_sees_imports():
-    """The scan below finds each way of reaching the deprecated API, and ignores it in strings."""
-    for line in ("import torch.ao.quantization", "from torch.ao.quantization import quantize_dynamic",
-                 "from torch.ao import quantization", "x = torch.ao.quantization.QConfig"):
-        assert deprecated_quantization_uses(line) == [1], line
-    assert deprecated_quantization_uses('"""mentions torch.ao.quantization"""') == []
-
-
-def test_no_deprecated_quantization_import_in_tests():
-    """No test uses torch.ao.quantization (deprecated; torchao replaces it).
-
-    tests/test_packaging.py::test_no_deprecated_quantization_api greps course_lib/ and notebooks/; this covers
-    tests/, where the pattern itself appears in strings, hence a syntax-tree scan instead of a grep."""
-    offenders = [f"{path.name}:{line}" for path in sorted((REPO / "tests").glob("*.py"))
-                 for line in deprecated_quantization_uses(path.read_text())]
-    assert offenders == []

@@ -1,9 +1,8 @@
 """DDP on the CPU with gloo and 2 processes: same weights as one process, sharding, the torchrun CLI path,
-rank-zero-only outputs, the device-count check, and no processes left behind."""
+rank-zero-only outputs, the device-count check, and no processes left behind after any test."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import time
@@ -16,15 +15,24 @@ import yaml
 from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 
 from course_lib import cli, hardware, parallel, scaling
-from course_lib.data import EpochSampler
+from course_lib.sampling import EpochSampler
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def children_before():
-    """This process's children before the DDP tests; test_no_orphan_processes compares against it."""
-    return {p.pid for p in psutil.Process().children(recursive=True)}
+@pytest.fixture(autouse=True)
+def no_orphan_processes():
+    """After each test here, in any order: every process it started has exited (within 10 s)."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    yield
+    deadline = time.monotonic() + 10
+    while True:
+        alive = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and _running(p)
+                 and not _resource_tracker(p)]
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not alive, f"processes left behind: {[(p.pid, p.cmdline()) for p in alive]}"
 
 
 def max_diff(a: dict, b: dict) -> float:
@@ -45,13 +53,23 @@ def test_ddp_matches_one_process_on_the_combined_batch(world):
     assert max_diff(part.state_dict(), one) > 1e-3
 
 
-def test_lightning_shards_the_course_sampler_disjoint_and_covering():
-    """Under DDP Lightning wraps CIFAR10DataModule's EpochSampler in a DistributedSamplerWrapper: still a partition."""
+def test_course_sampler_under_ddp_gives_each_epoch_a_new_partition_and_repeats_it_on_restart():
+    """Lightning wraps the DataModule's EpochSampler for DDP (DistributedSamplerWrapper, which forwards set_epoch):
+    every rank draws the same (seed, epoch) order, so the ranks' shards partition the data; the next epoch brings a
+    new partition; and a rank restarted at that epoch (a fresh sampler, as after a resume) gets the same shard."""
     n, world = 64, 2
-    shards = [list(DistributedSamplerWrapper(EpochSampler(n, seed=0), num_replicas=world, rank=r, shuffle=False))
-              for r in range(world)]
-    flat = [i for s in shards for i in s]
-    assert sorted(flat) == list(range(n)) and len(shards[0]) == len(shards[1]) == n // world
+
+    def shards(epoch: int) -> list[list[int]]:
+        wrapped = [DistributedSamplerWrapper(EpochSampler(n, seed=0), num_replicas=world, rank=r, shuffle=False)
+                   for r in range(world)]
+        for sampler in wrapped:
+            sampler.set_epoch(epoch)
+        return [list(sampler) for sampler in wrapped]
+
+    first, second = shards(0), shards(1)
+    for epoch in (first, second):
+        assert sorted(i for shard in epoch for i in shard) == list(range(n)) and len(epoch[0]) == n // world
+    assert first[0] != second[0] and shards(1) == second
 
 
 def test_more_gpus_than_present_fails_with_the_remedy(monkeypatch):
@@ -120,18 +138,6 @@ def _resource_tracker(p: psutil.Process) -> bool:
         return False
 
 
-def test_no_orphan_processes(children_before):
-    """Runs last in this module: every process the DDP tests started has exited."""
-    deadline = time.monotonic() + 10
-    while True:
-        alive = [p for p in psutil.Process().children(recursive=True) if p.pid not in children_before and _running(p)
-                 and not _resource_tracker(p)]
-        if not alive or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert not alive, f"processes left behind: {[(p.pid, p.cmdline()) for p in alive]}"
-
-
 def _node(rank: int, port: int, tmp_path: Path, tiny_folder, log: Path, epochs: int) -> subprocess.Popen:
     """One 'node' of a 2-node torchrun job on localhost: one CPU process running the course CLI on gloo."""
     env = {**os.environ, "COURSE_SIZE": "smoke", "COURSE_DATA": str(tiny_folder), "OMP_NUM_THREADS": "1",
@@ -174,15 +180,13 @@ def _stop(*procs: subprocess.Popen) -> None:
             _kill_tree(p)
 
 
-def test_two_nodes_on_localhost_train_and_a_killed_node_stops_the_other(tmp_path, tiny_folder):
+def test_two_nodes_on_localhost_train_as_one_job(tmp_path, tiny_folder):
     """docs/multi_gpu.md's multi-node commands, emulated on one machine: two torchrun launches (--nnodes 2,
     --node_rank 0/1, one CPU process each) of the CLI with --trainer.num_nodes 2 form one gloo job, each node its
-    own rank (and so its own DistributedSampler shard), and both stop cleanly. Then node 1 is killed mid-run: node 0
-    must exit with an error naming the lost peer, not hang."""
+    own rank (and so its own DistributedSampler shard), and both stop cleanly."""
     logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
     port = _free_port()
-    nodes = [_node(r, port, tmp_path / "ok", tiny_folder, logs[r], epochs=1) for r in (0, 1)]
-    (tmp_path / "ok").mkdir(exist_ok=True)
+    nodes = [_node(r, port, tmp_path, tiny_folder, logs[r], epochs=1) for r in (0, 1)]
     try:
         codes = [p.wait(timeout=300) for p in nodes]
     finally:
@@ -190,20 +194,3 @@ def test_two_nodes_on_localhost_train_and_a_killed_node_stops_the_other(tmp_path
     text = [log.read_text() for log in logs]
     assert codes == [0, 0], f"exit codes {codes}\n{text[0][-3000:]}\n{text[1][-3000:]}"
     assert "GLOBAL_RANK: 0, MEMBER: 1/2" in text[0] and "GLOBAL_RANK: 1, MEMBER: 2/2" in text[1]
-
-    logs = [tmp_path / "kill0.log", tmp_path / "kill1.log"]
-    port = _free_port()
-    nodes = [_node(r, port, tmp_path / "kill", tiny_folder, logs[r], epochs=500) for r in (0, 1)]
-    try:
-        deadline = time.monotonic() + 240
-        while "MEMBER: 2/2" not in logs[1].read_text() and time.monotonic() < deadline and nodes[0].poll() is None:
-            time.sleep(0.5)
-        time.sleep(3)  # inside the training loop by now
-        assert nodes[0].poll() is None and nodes[1].poll() is None, "the long run ended before node 1 was killed"
-        _kill_tree(nodes[1])  # the whole node: its torchrun and its worker
-        code = nodes[0].wait(timeout=180)  # a hang would time out here
-    finally:
-        _stop(*nodes)
-    text = logs[0].read_text()
-    assert code != 0, text[-3000:]
-    assert re.search(r"Connection closed by peer|Connection reset|ChildFailedError|Broken pipe", text), text[-3000:]

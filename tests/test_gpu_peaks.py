@@ -1,39 +1,46 @@
-"""MFU's denominator: the dense peak per precision for the GPU torch names, from one sourced table, with a clear
-'no peak known' for anything else (a sparse figure, or a near-miss name such as the H100 NVL, would bias MFU)."""
+"""MFU's denominator: a GPU name torch reports finds its own row of the sourced peak table (flops.GPU_PEAKS) and no
+other; a near-miss name (a sparse figure, or the H100 NVL's) finds none and says so, rather than bias MFU."""
+import re
+
 import pytest
 
 from course_lib import flops
 
-# torch.cuda.get_device_name() as those GPUs report it -> (part, fp32, tf32, fp16, bf16, fp8); None: not in the table
+# torch.cuda.get_device_name() as those GPUs report it -> the part whose row it must find; None: no row may match
 NAMES = {
-    "Tesla T4": ("T4", 8.141, None, 65.13, None, None),
-    "NVIDIA L4": ("L4", 30.29, 60, 121, 121, 242.5),
-    "NVIDIA A100-SXM4-80GB": ("A100", 19.5, 156, 312, 312, None),
-    "NVIDIA A100-PCIE-40GB": ("A100", 19.5, 156, 312, 312, None),
-    "NVIDIA H100 80GB HBM3": ("H100 SXM", 67, 494.5, 989.5, 989.5, 1979),
-    "NVIDIA H100 PCIe": ("H100 PCIe", 51, 378, 756.5, 756.5, 1513),
-    "NVIDIA H200": ("H200 SXM", 66.91, None, 989, 989, 1979),
-    "NVIDIA A10": ("A10", 31.24, None, None, None, None),
+    "Tesla T4": "T4",
+    "NVIDIA L4": "L4",
+    "NVIDIA A100-SXM4-80GB": "A100",
+    "NVIDIA A100-PCIE-40GB": "A100",
+    "NVIDIA H100 80GB HBM3": "H100 SXM",
+    "NVIDIA H100 PCIe": "H100 PCIe",
+    "NVIDIA H200": "H200 SXM",
+    "NVIDIA A10": "A10",
     "NVIDIA A10G": None,  # AWS's variant, with other tensor figures: not the A10's
     "NVIDIA H100 NVL": None,
     "NVIDIA L40S": None,
     "NVIDIA GeForce RTX 4090": None,
 }
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_peak_lookup_on_real_device_names(name):
-    want = NAMES[name]
-    found = flops.gpu_peaks(name)
-    if want is None:
-        assert found is None
-        assert flops.peak_tflops({"gpu": name}) is None
+def test_a_device_name_finds_its_own_row_only(name):
+    """Exactly one row's pattern matches a listed name (no earlier row shadows it), and MFU reads that row's figure for
+    each precision, or says 'no peak known' where the row has none; an unlisted name matches no row at all."""
+    part = NAMES[name]
+    matches = [row_part for pattern, row_part, _, _ in flops.GPU_PEAKS if re.search(pattern, name)]
+    assert matches == ([part] if part else [])
+    if part is None:
+        assert flops.gpu_peaks(name) is None and flops.peak_tflops({"gpu": name}) is None
         assert flops.peak_text({"gpu": name}).startswith(f"no bf16 peak known for {name}")
         return
-    part, *values = want
-    assert found[0] == part and found[2].startswith("https://")
-    for precision, value in zip(("fp32", "tf32", "fp16", "bf16", "fp8"), values):
-        assert flops.peak_tflops({"gpu": name}, precision) == value
+    found, peaks, source = flops.gpu_peaks(name)
+    assert found == part
+    for precision in PRECISIONS:
+        assert flops.peak_tflops({"gpu": name}, precision) == peaks.get(precision)
+        text = flops.peak_text({"gpu": name}, precision)
+        assert (part in text and source in text) if precision in peaks else text.startswith(f"no {precision} peak")
 
 
 def test_every_row_is_dense_sourced_and_ordered_sensibly():
@@ -41,9 +48,13 @@ def test_every_row_is_dense_sourced_and_ordered_sensibly():
     fp16 where both are listed); a CPU gets the clear message, and MFU uses the precision's own peak."""
     for _, part, peaks, source in flops.GPU_PEAKS:
         assert "https://" in source, part
+        assert set(peaks) <= set(PRECISIONS) and "fp32" in peaks, part
         assert all(peaks["fp32"] <= v for v in peaks.values()), part
         if "fp8" in peaks and "fp16" in peaks:
             assert peaks["fp8"] == pytest.approx(2 * peaks["fp16"], rel=0.01), part
     assert flops.peak_text({"gpu": None}).startswith("no bf16 peak known for this CPU")
-    t4 = flops.achieved(6.513e12, 1.0, {"gpu": "Tesla T4"}, "fp16")
-    assert t4["fraction_of_peak"] == pytest.approx(0.1) and "T4" in t4["peak_text"]
+    t4 = {"gpu": "Tesla T4"}
+    peak = flops.peak_tflops(t4, "fp16")
+    done = flops.achieved(0.1 * peak * 1e12, 1.0, t4, "fp16")  # a tenth of the fp16 peak for one second
+    assert done["fraction_of_peak"] == pytest.approx(0.1) and done["peak_tflops"] == peak and "T4" in done["peak_text"]
+    assert flops.achieved(1e12, 1.0, t4, "bf16")["fraction_of_peak"] is None  # Turing has no bf16: no MFU, no guess

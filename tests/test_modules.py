@@ -108,21 +108,32 @@ def test_invalid_optimizer_or_schedule_raises(kw):
         ImageClassifierModule("lenet", **kw)
 
 
-def test_onecycle_schedule_reaches_peak_lr():
-    """The one-cycle schedule starts at lr/25, peaks at lr after the warm-up fraction, and anneals to ~0."""
-    params = [torch.nn.Parameter(torch.zeros(1))]
-    opt, sched = make_optimizer(params, total_steps=100, lr=0.05, warmup_fraction=0.25)
+@pytest.mark.parametrize("total_steps", [4, 5, 100])
+def test_make_optimizer_gives_the_recipe_and_a_one_cycle_that_fits_any_run(total_steps):
+    """The recipe's SGD (Nesterov, weight decay 5e-4) and a one-cycle LR that peaks at `lr` after the warm-up
+    fraction, then anneals below its start; a smoke run of 4-5 steps gets a 2-step warm-up (OneCycleLR alone divides
+    by zero there), and stepping the schedule once per optimiser step for the whole run never raises."""
+    opt, sched = make_optimizer([torch.nn.Parameter(torch.zeros(1))], total_steps=total_steps, lr=0.05,
+                                warmup_fraction=0.25)
+    group = opt.param_groups[0]
+    assert isinstance(opt, torch.optim.SGD) and group["nesterov"] and group["weight_decay"] == 5e-4
     lrs = []
-    for _ in range(100):
-        lrs.append(opt.param_groups[0]["lr"])
+    for _ in range(total_steps):
+        lrs.append(group["lr"])
         opt.step()
-        sched.step() if len(lrs) < 100 else None
-    assert isinstance(opt, torch.optim.SGD)
-    assert lrs[0] == pytest.approx(0.05 / 25)
-    assert max(lrs) == pytest.approx(0.05)
-    assert 20 <= lrs.index(max(lrs)) <= 26
-    assert lrs[-1] < 1e-4
-    assert all(a <= b for a, b in zip(lrs[:24], lrs[1:25])) and all(a >= b for a, b in zip(lrs[25:-1], lrs[26:]))
+        sched.step()
+    peak = max(round(0.25 * total_steps), 2) - 1  # the warm-up's last step
+    assert lrs.index(max(lrs)) == peak and max(lrs) == pytest.approx(0.05)
+    assert all(a < b for a, b in zip(lrs[:peak], lrs[1:peak + 1]))
+    assert all(a > b for a, b in zip(lrs[peak:-1], lrs[peak + 1:])) and lrs[-1] < lrs[0]
+
+
+def test_a_run_under_four_steps_keeps_the_lr_constant_and_says_so():
+    """Fewer than 4 steps (fast_dev_run) cannot hold a one-cycle: no schedule, the LR stays at `lr`, and a warning
+    says so."""
+    with pytest.warns(UserWarning, match="only 3 optimizer steps"):
+        opt, sched = make_optimizer([torch.nn.Parameter(torch.zeros(1))], total_steps=3, lr=0.05)
+    assert sched is None and opt.param_groups[0]["lr"] == 0.05
 
 
 def test_module_schedule_steps_per_batch(tiny_folder, tmp_path):
