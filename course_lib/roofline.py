@@ -175,11 +175,11 @@ def layers(net: torch.nn.Module, x: torch.Tensor, ceil: ceilings.Ceilings, fmt: 
 
 
 def layer_lines(rows: list[dict]) -> list[str]:
-    """The per-layer table as printed lines, with each layer's share of the measured time."""
+    """The per-layer table as printed lines, six columns: each layer's measured time with its share of the total."""
     total = sum(r["measured"] for r in rows)
-    out = [f"{'layer':<24}{'type':<18}{'MFLOP':>9}{'MiB':>8}{'bound':>10}{'pred ms':>9}{'meas ms':>9}{'share':>7}"]
-    out += [f"{r['layer'][:23]:<24}{r['type'][:17]:<18}{r['flops'] / 1e6:>9.1f}{r['bytes'] / 2**20:>8.2f}"
-            f"{r['kind']:>10}{r['predicted'] * 1e3:>9.3f}{r['measured'] * 1e3:>9.3f}{r['measured'] / total:>7.0%}"
+    out = [f"{'layer (type)':<34}{'MFLOP':>9}{'MiB':>8}{'bound':>10}{'pred. ms':>10}{'measured ms':>18}"]
+    out += [f"{(r['layer'] + ' (' + r['type'] + ')')[:33]:<34}{r['flops'] / 1e6:>9.1f}{r['bytes'] / 2**20:>8.2f}"
+            f"{r['kind']:>10}{r['predicted'] * 1e3:>10.3f}{r['measured'] * 1e3:>11.3f} ({r['measured'] / total:>3.0%})"
             for r in rows]
     return out
 
