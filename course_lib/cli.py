@@ -218,7 +218,7 @@ class CourseCLI(LightningCLI):
     def _claim_run_folder(self, cfg, run_dir: Path, ckpt_dir: Path) -> None:
         """A fit holds the run folder's lock for its lifetime (a second fit of it is refused, naming the first),
         resumes only this run's own checkpoints, and never overwrites an earlier run's last.ckpt."""
-        self._lock = runfolder.RunLock(run_dir).acquire()
+        self._lock = runfolder.RunLock(run_dir).acquire() if runfolder.launched_rank_zero() else None
         if cfg.ckpt_path and Path(cfg.ckpt_path).resolve().parent != ckpt_dir:
             raise CourseError(f"fit --ckpt_path resumes this run's own checkpoints ({ckpt_dir}); "
                               f"{cfg.ckpt_path} belongs to another run, whose state would replace this run's "

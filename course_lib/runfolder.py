@@ -52,6 +52,15 @@ def writable(folder: Path) -> Path:
     return folder
 
 
+def launched_rank_zero() -> bool:
+    """Whether this process is the job's global rank 0 by its launcher's variables (torchrun sets RANK; Lightning's
+    own launcher sets LOCAL_RANK and NODE_RANK): only that process holds the run folder's lock, so the other ranks
+    of one DDP job are not refused as a second fit. Read before the Trainer exists, hence from the environment."""
+    if "RANK" in os.environ:
+        return int(os.environ["RANK"]) == 0
+    return int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0
+
+
 class RunLock:
     """An exclusive lock on a run folder, held while the process lives (the OS drops it even on SIGKILL); a second
     run of the same folder is refused with the holder's pid and command."""
