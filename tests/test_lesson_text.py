@@ -53,8 +53,8 @@ def markdown_cells(path: Path) -> list[tuple[int, str]]:
 
 
 def words(markdown: str) -> int:
-    """Words of markdown prose: code fences left out, inline code and table cells counted as words."""
-    return len(FENCE.sub("", markdown).split())
+    """Words of markdown prose: code fences left out; a word holds a letter or digit (a table's '|' is no word)."""
+    return sum(any(ch.isalnum() for ch in token) for token in FENCE.sub("", markdown).split())
 
 
 def table_widths(text: str) -> list[int]:
@@ -65,7 +65,7 @@ def table_widths(text: str) -> list[int]:
 
 def test_words_and_table_widths_are_counted():
     """The counters: fences excluded, every table row measured."""
-    assert words("one two\n```python\nx = 1 2 3\n```\nthree") == 3
+    assert words("one two\n```python\nx = 1 2 3\n```\nthree | --- |") == 3
     assert table_widths("| a | b |\n|---|---|\nnot | a row\n| 1 | 2 | 3 |") == [2, 2, 3]
 
 
