@@ -43,12 +43,17 @@ SIZES = {
 }
 
 
+#: the device kind of a CPU without native bf16 instructions (hardware.CPU_BF16_FLAGS), for lessons that time bf16
+CPU_EMULATED_BF16 = "cpu without native bf16"
+
 # Lessons whose work does not fit the common size: (lesson, size, "cpu" or "gpu") -> what differs. On a CPU, full
 # sizes are chosen so each lesson finishes in about 10 minutes on 2 cores; on a GPU, full is the real thing.
 LESSON_SCALES = {
     ("04_mixed_precision", "smoke", "cpu"): dict(width=0.25),  # ResNet-9 at 16 channels
     ("03_gpu_and_data", "full", "cpu"): dict(bench_steps=50),  # 6 rounds of 50 steps: 3 rounds of 100's time
     ("04_mixed_precision", "full", "cpu"): dict(train_subset=10_000, width=0.25, bench_steps=50),  # 16 channels
+    # emulated bf16 steps take about 12x fp32's on an AVX2 CPU, so 04's bf16 rows get a fifth of the steps there
+    ("04_mixed_precision", "full", CPU_EMULATED_BF16): dict(train_subset=2_000, width=0.25, bench_steps=10),
     ("07_quantization", "smoke", "cpu"): dict(width=0.25),  # ResNet-9 at 16 channels
     ("07_quantization", "smoke", "gpu"): dict(width=0.25),
     ("07_quantization", "full", "cpu"): dict(train_subset=4_096, eval_subset=2_000, width=0.25),  # 16 channels
@@ -70,7 +75,8 @@ LESSON_SCALES = {
 
 def run_size(lesson: str | None = None, gpu: bool | None = None, size: str | None = None) -> RunSize:
     """The run size from the switch (env COURSE_SIZE, default full), the only place it is read; for a lesson, with
-    that lesson's scale on this kind of device (gpu: None asks the hardware) from LESSON_SCALES. size names a size
+    that lesson's scale on this kind of device (gpu: None asks the hardware; a CPU without native bf16 takes a
+    CPU_EMULATED_BF16 row where the lesson has one) from LESSON_SCALES. size names a size
     instead of the switch (a script's --dry-run asks for "smoke")."""
     name = (size or os.environ.get(SIZE_ENV, "full")).strip().lower()
     if name not in SIZES:
@@ -78,7 +84,10 @@ def run_size(lesson: str | None = None, gpu: bool | None = None, size: str | Non
     if lesson is None:
         return SIZES[name]
     gpu = torch.cuda.device_count() > 0 if gpu is None else gpu  # NVML: no CUDA context, ddp_notebook can fork
-    return replace(SIZES[name], **LESSON_SCALES.get((lesson, name, "gpu" if gpu else "cpu"), {}))
+    kind = "gpu" if gpu else "cpu"
+    if kind == "cpu" and (lesson, name, CPU_EMULATED_BF16) in LESSON_SCALES and not hardware.cpu_bf16_native():
+        kind = CPU_EMULATED_BF16  # this CPU has no bf16 instructions: the lesson's scale for emulated bf16
+    return replace(SIZES[name], **LESSON_SCALES.get((lesson, name, kind), {}))
 
 
 def repo_root() -> Path | None:

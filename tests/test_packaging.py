@@ -146,6 +146,17 @@ def test_run_size_defaults_to_full(monkeypatch):
     assert config.run_size() == config.SIZES["full"]
 
 
+@pytest.mark.parametrize("native, subset, steps", [(True, 10_000, 50), (False, 2_000, 10)])
+def test_lesson_04_full_size_follows_native_bf16(monkeypatch, native, subset, steps):
+    """On a CPU, lesson 04's full size shrinks where bf16 is emulated (no native bf16 instructions), and only 04's."""
+    monkeypatch.setenv("COURSE_SIZE", "full")
+    monkeypatch.setattr(config.hardware, "cpu_bf16_native", lambda: native)
+    size = config.run_size("04_mixed_precision", gpu=False)
+    assert (size.train_subset, size.bench_steps, size.width) == (subset, steps, 0.25)
+    assert config.run_size("03_gpu_and_data", gpu=False).bench_steps == 50
+    assert config.run_size("04_mixed_precision", gpu=True) == config.SIZES["full"]
+
+
 def test_invalid_run_size_names_the_variable(monkeypatch):
     """An unknown COURSE_SIZE raises ValueError naming COURSE_SIZE and the bad value."""
     monkeypatch.setenv("COURSE_SIZE", "huge")
