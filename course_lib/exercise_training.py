@@ -1,4 +1,4 @@
-"""The measured exercises of lessons 01 and 02: the learner's training loop against the seed loop, and a Trainer
+"""The measured exercises of lessons 01 and 02: the learner's training loop against the starter loop, and a Trainer
 that keeps the debugging setup's purpose without its cost (grading in exercise.py)."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from .exercise import forbidden, mechanism, ratio_check
 
 # --- lesson 01: the loop -----------------------------------------------------------------------------------------
 EX01_IMAGES = 2048  # the first 2,048 training images (all of the smoke subset), at every run size
-EX01_MAX_LOSS = 2.20  # held-out loss bar; the seed loop ends at 2.28 on these images, near chance (ln 10 = 2.30)
+EX01_MAX_LOSS = 2.20  # held-out loss bar; the starter loop ends at 2.28 on these images, near chance (ln 10 = 2.30)
 
 
 def seed_train(net, train_set, images: int) -> None:
@@ -79,14 +79,14 @@ def _01_run(train: Callable, images: int) -> dict:
     return {"seconds": seconds, "served": counted.served, "batches": batches, "loss": loss}
 
 
-_01_DM: dict = {}  # lesson 01's data, decoded once per process, and the seed loop's result
+_01_DM: dict = {}  # lesson 01's data, decoded once per process, and the starter's result
 
 
 def check_01_loop(train: Callable, target: float = 2.0, max_loss: float = EX01_MAX_LOSS, measure: bool = True) -> bool:
     """Lesson 01: train(net, train_set, images) is the learner's training loop. Mechanism (no clock): it trains on
     at most the first `images` images, takes optimiser steps, does not call course_lib's finished loop, and leaves
-    the network's held-out loss at most `max_loss` (the seed loop does not get there on the same images).
-    Measurement: >= `target`x the seed loop's images/s, alternately in this run."""
+    the network's held-out loss at most `max_loss` (the starter loop does not get there on the same images).
+    Measurement: >= `target`x the starter's images/s, alternately in this run."""
     from . import hardware, loops
 
     images = EX01_IMAGES
@@ -102,9 +102,9 @@ def check_01_loop(train: Callable, target: float = 2.0, max_loss: float = EX01_M
         problems.append("the network never ran a forward pass in training mode: train it")
     if mine["loss"] > max_loss:
         problems.append(f"held-out loss {mine['loss']:.3f} after {images} images; the bar is {max_loss:.2f} "
-                        f"(the seed loop's: {seed['loss']:.3f}, chance: 2.30)")
+                        f"(the starter's: {seed['loss']:.3f}, chance: 2.30)")
     print(f"Exercise 1: your loop took {len(mine['batches'])} steps over {mine['served']} images, held-out loss "
-          f"{mine['loss']:.3f} (bar <= {max_loss:.2f}); the seed loop {len(seed['batches'])} steps, {seed['loss']:.3f}")
+          f"{mine['loss']:.3f} (bar <= {max_loss:.2f}); the starter loop {len(seed['batches'])} steps, {seed['loss']:.3f}")
     ok = mechanism("Exercise 1", problems)
     if not (ok and measure):
         return ok
