@@ -59,11 +59,19 @@ def median_row(done: list[dict]) -> dict:
 
 
 def add_speedups(rows: list[dict], baseline: str) -> list[dict]:
-    """Add a `speedup` field: images/s relative to the row named `baseline`."""
+    """Add a `speedup` field: images/s relative to the row named `baseline`, as the verdicts compute it: the median
+    round ratio where both rows hold interleaved rounds of one length (verdict.interval), else the medians' ratio."""
     base = next((r for r in rows if r["name"] == baseline), None)
     if base is None:
         raise ValueError(f"No row named {baseline!r}; rows are {[r['name'] for r in rows]}.")
-    return [{**r, "speedup": r["images_per_s"] / base["images_per_s"]} for r in rows]
+
+    def speedup(row: dict) -> float:
+        a, b = row.get("rounds"), base.get("rounds")
+        if a and b and len(a) == len(b):
+            return verdict.interval(a, b, paired=True).mid
+        return row["images_per_s"] / base["images_per_s"]
+
+    return [{**r, "speedup": speedup(r)} for r in rows]
 
 
 def saved_bytes_peak(step: Callable[[], object]) -> int:

@@ -62,6 +62,17 @@ def test_speedups_are_ratios_to_the_baseline():
         bench.add_speedups(rows, "c")
 
 
+def test_speedups_follow_the_verdicts_median_round_ratio():
+    """With interleaved rounds the speedup is the median round ratio, as verdict.compare reads it, not the ratio of
+    the two medians (1.0 in the second case, where the rounds put b behind a: 0.95)."""
+    base = {"name": "a", "images_per_s": 100.0, "rounds": [100.0, 100.0, 60.0]}
+    other = {"name": "b", "images_per_s": 100.0, "rounds": [100.0, 90.0, 200.0]}
+    out = bench.add_speedups([base, other], "a")
+    assert out[1]["speedup"] == pytest.approx(1.0) and out[0]["speedup"] == 1.0
+    other["rounds"] = [90.0, 95.0, 300.0]  # medians 100 vs 100 -> 1.0; round ratios 0.9, 0.95, 5 -> median 0.95
+    assert bench.add_speedups([base, other], "a")[1]["speedup"] == pytest.approx(0.95)
+
+
 def test_median_row_keeps_the_median_run_and_the_rounds_spread():
     """Three rounds of one configuration: the median run's fields, the fastest and slowest images/s as the spread
     (not the median run's own single figure), and the images/s in round order for paired verdicts."""
