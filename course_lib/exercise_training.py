@@ -104,7 +104,8 @@ def check_01_loop(train: Callable, target: float = 2.0, max_loss: float = EX01_M
         problems.append(f"held-out loss {mine['loss']:.3f} after {images} images; the bar is {max_loss:.2f} "
                         f"(the starter's: {seed['loss']:.3f}, chance: 2.30)")
     print(f"Exercise 1: your loop took {len(mine['batches'])} steps over {mine['served']} images, held-out loss "
-          f"{mine['loss']:.3f} (bar <= {max_loss:.2f}); the starter loop {len(seed['batches'])} steps, {seed['loss']:.3f}")
+          f"{mine['loss']:.3f} (bar <= {max_loss:.2f}); the starter loop {len(seed['batches'])} steps, "
+          f"{seed['loss']:.3f}")
     ok = mechanism("Exercise 1", problems)
     if not (ok and measure):
         return ok
