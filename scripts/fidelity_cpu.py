@@ -225,18 +225,25 @@ def main() -> int:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     dm = datamodule(args)
     args.runs.parent.mkdir(parents=True, exist_ok=True)
-    command = "python scripts/fidelity_cpu.py " + " ".join(sys.argv[1:])
+    run_seeds(dm, args, run_course if args.impl == "course" else run_port, settings(args),
+              label=f"{args.impl} extras {args.extras}", extras=args.extras)
+    return 0
+
+
+def run_seeds(dm, args, run, settings: dict, *, label: str, **fields) -> None:
+    """Train run(dm, args, seed) for each of args.seeds and append one JSON row per seed to args.runs (with
+    `fields`, the settings, the data sizes, the commit, the command and the hardware), printing each result."""
+    command = f"python scripts/{Path(sys.argv[0]).name} " + " ".join(sys.argv[1:])
     for seed in args.seeds:
         start = time.perf_counter()
-        got = (run_course if args.impl == "course" else run_port)(dm, args, seed)
-        row = {"impl": args.impl, "extras": args.extras, "seed": seed, **got, "wall_s": time.perf_counter() - start,
-               "settings": settings(args), "train_images": len(dm.train_set), "test_images": len(dm.test_set),
+        got = run(dm, args, seed)
+        row = {"impl": args.impl, **fields, "seed": seed, **got, "wall_s": time.perf_counter() - start,
+               "settings": settings, "train_images": len(dm.train_set), "test_images": len(dm.test_set),
                "commit": commit(), "command": command, "hardware": hardware.label()}
         with args.runs.open("a") as f:
             f.write(json.dumps(row) + "\n")
-        print(f"{args.impl} extras {args.extras} seed {seed}: {got['acc']:.2%} with TTA, {got['acc_no_tta']:.2%} "
-              f"without, {got['time_s']:.1f} s ({row['wall_s']:.1f} s wall)", flush=True)
-    return 0
+        print(f"{label} seed {seed}: {got['acc']:.2%} with TTA, {got['acc_no_tta']:.2%} without, "
+              f"{got['time_s']:.1f} s ({row['wall_s']:.1f} s wall)", flush=True)
 
 
 if __name__ == "__main__":

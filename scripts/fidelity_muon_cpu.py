@@ -18,7 +18,6 @@ import argparse
 import dataclasses
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -29,9 +28,9 @@ sys.path.insert(0, str(ROOT / "scripts"))  # the ports beside this file
 
 import airbench_muon_port  # noqa: E402
 import airbench_port  # noqa: E402
-from fidelity_cpu import commit, datamodule  # noqa: E402
+from fidelity_cpu import datamodule, run_seeds  # noqa: E402
 
-from course_lib import config, experiments, hardware, muon, results, speedrun, verdict  # noqa: E402
+from course_lib import config, experiments, muon, results, speedrun, verdict  # noqa: E402
 from course_lib.timing import DeviceTimer  # noqa: E402
 
 
@@ -113,20 +112,10 @@ def main() -> int:
         p.error("--impl is required (or --report)")
     dm = datamodule(args)
     args.runs.parent.mkdir(parents=True, exist_ok=True)
-    command = "python scripts/fidelity_muon_cpu.py " + " ".join(sys.argv[1:])
     ns_dtype = str(muon.iteration_dtype("cpu")).removeprefix("torch.")
-    for seed in args.seeds:
-        start = time.perf_counter()
-        got = (run_course if args.impl == "course" else run_port)(dm, args, seed)
-        row = {"impl": args.impl, "seed": seed, **got, "wall_s": time.perf_counter() - start,
-               "settings": {"subset": args.subset, "widths": list(args.widths), "batch": args.batch,
-                            "epochs": args.epochs, "ns_dtype": ns_dtype},
-               "train_images": len(dm.train_set), "test_images": len(dm.test_set), "commit": commit(),
-               "command": command, "hardware": hardware.label()}
-        with args.runs.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-        print(f"{args.impl} seed {seed}: {got['acc']:.2%} with TTA, {got['acc_no_tta']:.2%} without, "
-              f"{got['time_s']:.1f} s ({row['wall_s']:.1f} s wall)", flush=True)
+    settings = {"subset": args.subset, "widths": list(args.widths), "batch": args.batch, "epochs": args.epochs,
+                "ns_dtype": ns_dtype}
+    run_seeds(dm, args, run_course if args.impl == "course" else run_port, settings, label=args.impl)
     return 0
 
 

@@ -208,3 +208,22 @@ def test_fidelity_report_groups_by_precision_and_pairs_own_against_fp32(tmp_path
     assert text.count(f"epochs, {own_label} |") == 2 and text.count("epochs, fp32 |") == 2
     assert f"{own_label}, course, extras on, own precision - fp32: with TTA +5.00 pt" in text
     assert f"{own_label}, extras on, course - port: with TTA +0.00 pt" in text
+
+
+def test_run_seeds_writes_one_row_per_seed(tmp_path, capsys):
+    """fidelity_cpu.run_seeds, shared by both fidelity scripts: one JSON row per seed with the run's result, the
+    settings and the extra fields, and one printed line per seed."""
+    import argparse
+    import json
+    from types import SimpleNamespace
+
+    import fidelity_cpu as fc
+    args = argparse.Namespace(seeds=[0, 1], runs=tmp_path / "runs.jsonl", impl="port")
+    dm = SimpleNamespace(train_set=range(10), test_set=range(4))
+    fc.run_seeds(dm, args, lambda d, a, seed: {"acc": 0.5 + seed / 10, "acc_no_tta": 0.4, "time_s": 1.0},
+                 {"epochs": 1}, label="port extras on", extras="on")
+    rows = [json.loads(line) for line in args.runs.read_text().splitlines()]
+    got = [(r["seed"], r["acc"], r["extras"], r["impl"]) for r in rows]
+    assert got == [(0, 0.5, "on", "port"), (1, 0.6, "on", "port")]
+    assert rows[0]["settings"] == {"epochs": 1} and (rows[0]["train_images"], rows[0]["test_images"]) == (10, 4)
+    assert capsys.readouterr().out.count("port extras on seed") == 2
