@@ -84,14 +84,19 @@ def check_data(root: Path) -> dict:
     return counts
 
 
-def parse_table(text: str) -> dict:
-    """The 'eval' row of airbench's printed table: {'tta_val_acc', 'total_time_seconds'} as floats."""
+def eval_row(text: str, columns: tuple[str, ...], keep: tuple[str, str], program: str) -> dict:
+    """The 'eval' row of a printed airbench table with `columns`: the `keep` columns as floats."""
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == len(COLUMNS) and cells[1] == "eval":
-            row = dict(zip(COLUMNS, cells))
-            return {"tta_val_acc": float(row["tta_val_acc"]), "total_time_seconds": float(row["total_time_seconds"])}
-    raise ValueError(f"No 'eval' row in airbench's output:\n{text[-2000:]}")
+        if len(cells) == len(columns) and cells[1] == "eval":
+            row = dict(zip(columns, cells))
+            return {name: float(row[name]) for name in keep}
+    raise ValueError(f"No 'eval' row in {program}'s output:\n{text[-2000:]}")
+
+
+def parse_table(text: str) -> dict:
+    """The 'eval' row of airbench's printed table: {'tta_val_acc', 'total_time_seconds'} as floats."""
+    return eval_row(text, COLUMNS, ("tta_val_acc", "total_time_seconds"), "airbench")
 
 
 @contextlib.contextmanager
@@ -177,12 +182,7 @@ def import_muon(carry: Path):
 
 def parse_muon_table(text: str) -> dict:
     """The 'eval' row of airbench94_muon's printed table: {'tta_val_acc', 'time_seconds'} as floats."""
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == len(MUON_COLUMNS) and cells[1] == "eval":
-            row = dict(zip(MUON_COLUMNS, cells))
-            return {"tta_val_acc": float(row["tta_val_acc"]), "time_seconds": float(row["time_seconds"])}
-    raise ValueError(f"No 'eval' row in airbench94_muon's output:\n{text[-2000:]}")
+    return eval_row(text, MUON_COLUMNS, ("tta_val_acc", "time_seconds"), "airbench94_muon")
 
 
 def run_muon(ab, folder: Path, seeds: list[int], deadline: float | None = None, on_run=None, log=print,
