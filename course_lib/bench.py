@@ -59,8 +59,9 @@ def median_row(done: list[dict]) -> dict:
 
 
 def add_speedups(rows: list[dict], baseline: str) -> list[dict]:
-    """Add a `speedup` field: images/s relative to the row named `baseline`, as the verdicts compute it: the median
-    round ratio where both rows hold interleaved rounds of one length (verdict.interval), else the medians' ratio."""
+    """Add `speedup`, images/s relative to the row named `baseline` as the verdicts compute it (the median round ratio
+    where both rows hold interleaved rounds of one length, verdict.interval; else the medians' ratio), and a
+    `baseline` flag, true on that row."""
     base = next((r for r in rows if r["name"] == baseline), None)
     if base is None:
         raise ValueError(f"No row named {baseline!r}; rows are {[r['name'] for r in rows]}.")
@@ -71,7 +72,7 @@ def add_speedups(rows: list[dict], baseline: str) -> list[dict]:
             return verdict.interval(a, b, paired=True).mid
         return row["images_per_s"] / base["images_per_s"]
 
-    return [{**r, "speedup": speedup(r)} for r in rows]
+    return [{**r, "speedup": speedup(r), "baseline": r is base} for r in rows]
 
 
 def saved_bytes_peak(step: Callable[[], object]) -> int:
@@ -105,8 +106,8 @@ def _cell(row: dict, col: str) -> str:
     fmt = lambda v: verdict.number(v) if isinstance(v, float) else str(v)  # noqa: E731  (7,770, not 7.77e+03)
     if col == "images_per_s" and "images_per_s_min" in row:
         return f"{fmt(row[col])} ({fmt(row['images_per_s_min'])}–{fmt(row['images_per_s_max'])})"
-    if col == "speedup":  # the verdicts' convention, k >= 1: '1.77x slower', not 0.56
-        return verdict.factor(row[col])
+    if col == "speedup":  # the verdicts' convention, k >= 1: '1.77x slower', not 0.56; the baseline itself: 1x
+        return "1x (baseline)" if row.get("baseline") else verdict.factor(row[col])
     return fmt(row.get(col, ""))
 
 

@@ -71,6 +71,8 @@ def test_speedups_follow_the_verdicts_median_round_ratio():
     assert out[1]["speedup"] == pytest.approx(1.0) and out[0]["speedup"] == 1.0
     other["rounds"] = [90.0, 95.0, 300.0]  # medians 100 vs 100 -> 1.0; round ratios 0.9, 0.95, 5 -> median 0.95
     assert bench.add_speedups([base, other], "a")[1]["speedup"] == pytest.approx(0.95)
+    table = bench.table(bench.add_speedups([base, other], "a"))
+    assert "| 1x (baseline) |" in table and "| 1.05x slower |" in table
 
 
 def test_median_row_keeps_the_median_run_and_the_rounds_spread():
