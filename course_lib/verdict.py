@@ -60,7 +60,13 @@ def mean_ratio(a: Sequence[float], b: Sequence[float]) -> str:
 
 def factor(ratio: float, better: str = "faster", worse: str = "slower") -> str:
     """A ratio in the course's one convention, k >= 1: 1.72 -> '1.72x faster', 0.58 -> '1.72x slower'."""
-    return f"{ratio:.2f}x {better}" if ratio >= 1 else f"{1 / ratio:.2f}x {worse}"
+    k, unit = factor_parts(ratio, better, worse)
+    return f"{k:.2f}{unit}"
+
+
+def factor_parts(ratio: float, better: str = "faster", worse: str = "slower") -> tuple[float, str]:
+    """factor() as a number and a unit, for a results row: 0.58 -> (1.72, 'x slower'), k >= 1."""
+    return (ratio, f"x {better}") if ratio >= 1 else (1 / ratio, f"x {worse}")
 
 
 def _pct(fraction: float) -> str:

@@ -165,3 +165,10 @@ def test_the_exact_null_distributions_match_brute_force():
     assert significance.rank_cut(9, 9)[0] == 17  # the published two-sided 5 % critical value for 9 and 9
     for df, t in [(1, 12.706), (2, 4.303), (4, 2.776), (8, 2.306), (30, 2.042)]:  # two-sided 5 % t tables
         assert math.isclose(significance.t_critical(df, 0.05), t, abs_tol=1e-3), df
+
+
+def test_factor_writes_every_ratio_as_k_at_least_one():
+    """One convention for ratios, in printed verdicts and in results rows: k >= 1, then 'faster' or 'slower'."""
+    assert verdict.factor(1.72) == "1.72x faster" and verdict.factor(1 / 1.72) == "1.72x slower"
+    k, unit = verdict.factor_parts(0.5)
+    assert (k, unit) == (2.0, "x slower") and verdict.factor_parts(3.0, "smaller", "larger") == (3.0, "x smaller")
