@@ -62,10 +62,10 @@ lock:
 course: $(STAMP)
 	COURSE_SIZE=$${COURSE_SIZE:-full} $(BIN)/python -m course_lib.runner
 
-## Lint, then the unit tests plus every notebook through nbval, in smoke size.
+## Lint, then the unit tests plus every notebook through nbval, in smoke size; the 15 slowest tests listed at the end.
 test: $(STAMP)
 	$(BIN)/ruff check course_lib scripts tests
-	COURSE_SIZE=smoke $(BIN)/python -m pytest -q
+	COURSE_SIZE=smoke $(BIN)/python -m pytest -q --durations=15
 
 ## The developer's inner loop: lint, then the tests not marked slow (nothing that trains,
 ## starts a Python process or executes a notebook: tests/conftest.py's SLOW). make test still runs everything.
