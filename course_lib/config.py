@@ -59,7 +59,7 @@ LESSON_SCALES = {
     ("07_quantization", "full", "cpu"): dict(train_subset=4_096, eval_subset=2_000, width=0.25),  # 16 channels
     ("08_capstone", "smoke", "cpu"): dict(train_subset=256, eval_subset=256, epochs=2, width=1 / 8, batch_size=64),
     ("08_capstone", "smoke", "gpu"): dict(train_subset=256, eval_subset=256, epochs=2, width=1 / 8, batch_size=64),
-    ("08_capstone", "full", "cpu"): dict(train_subset=5_000, epochs=10, width=1 / 4, batch_size=256),
+    ("08_capstone", "full", "cpu"): dict(train_subset=5_000, eval_subset=2_000, epochs=10, width=1 / 4, batch_size=256),
     ("08_capstone", "full", "gpu"): dict(epochs=10, batch_size=1024),  # airbench94's schedule on all the data
     # the GPU scripts' benchmark rows (lessons 03-05 and 06); on a CPU, or at smoke size, they are dry runs
     ("gpu_check", "smoke", "cpu"): dict(bench_steps=2, batch_size=32),
