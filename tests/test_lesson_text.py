@@ -86,16 +86,7 @@ def test_lesson_markdown_has_no_in_house_words(path):
     assert not found, "name the blog post by what it is: " + "; ".join(found)
 
 
-# Lessons whose committed outputs predate bench.table's 6-column limit: the full-size re-run of 2026-12-02 ran out of
-# session time before them. strict: once a lesson is re-run (make lessons), its entry must go, or the test fails.
-OUTPUTS_PREDATE_NARROW_TABLES = ('04_mixed_precision',)
-
-
-STALE = pytest.mark.xfail(strict=True, reason="committed outputs predate the 6-column tables: re-run at full size")
-
-
-@pytest.mark.parametrize("path", [pytest.param(p, marks=STALE) if p.stem in OUTPUTS_PREDATE_NARROW_TABLES else p
-                                  for p in LESSONS], ids=[p.stem for p in LESSONS])
+@pytest.mark.parametrize("path", LESSONS, ids=[p.stem for p in LESSONS])
 def test_lesson_tables_have_at_most_six_columns(path):
     """Markdown tables and the committed outputs' printed tables: at most MAX_TABLE_COLUMNS columns."""
     wide = []
