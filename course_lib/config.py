@@ -47,7 +47,8 @@ SIZES = {
 CPU_EMULATED_BF16 = "cpu without native bf16"
 
 # Lessons whose work does not fit the common size: (lesson, size, "cpu" or "gpu") -> what differs. On a CPU, full
-# sizes are chosen so each lesson finishes in about 10 minutes on 2 cores; on a GPU, full is the real thing.
+# sizes aim at about 10 minutes a lesson on 2 cores (a slow CPU takes longer: docs/results/cpu-2core.md); on a GPU,
+# full is the real thing.
 LESSON_SCALES = {
     ("04_mixed_precision", "smoke", "cpu"): dict(width=0.25),  # ResNet-9 at 16 channels
     ("03_gpu_and_data", "full", "cpu"): dict(bench_steps=50),  # 6 rounds of 50 steps: 3 rounds of 100's time
