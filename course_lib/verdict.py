@@ -173,8 +173,8 @@ def past(values: Sequence[float], goal: float, higher_is_better: bool = True) ->
 def target(values: Sequence[float], goal: float, name: str, *, higher_is_better: bool = True, unit: str = "x",
            fmt: str = "{:.2f}") -> str:
     """'A meets the target of at least 2.00x: median 2.31x (rounds 2.10x–2.52x; 3 of 3 rounds at or past it)', or
-    'misses'. The median decides; the count of rounds past the goal shows how firmly (exercise.grade reports the
-    same way)."""
+    'misses'. The median decides; the count of rounds past the goal shows how firmly (exercises.Grading.grade
+    reports the same way)."""
     if not values:
         raise ValueError("A target verdict needs at least one measurement.")
     med = statistics.median(values)

@@ -17,20 +17,21 @@ import subprocess
 import sys
 import time
 
-from course_lib import config, exercise, exercise_data, exercise_hardware, exercise_training, hardware, runs
+from course_lib import config, exercises, hardware, runs
+from course_lib.exercises import Grading, inference
 
 MIN_MARGIN = 1.25  # issue 20: each solution clears its bar by at least this factor
 
 # lesson: (check, exercise number, the function the learner writes)
 EXERCISES = {
-    "01": (exercise_training.check_01_loop, 1, "train"),
-    "02": (exercise_training.check_02_trainer, 3, "trainer_settings"),
-    "03": (exercise_data.check_03_data_wait, 1, "make_data"),
-    "04": (exercise_hardware.check_04_activation_memory, 1, "train_step"),
-    "05": (exercise_hardware.check_05_fusion, 1, "activation"),
-    "06": (exercise_hardware.check_06_allreduce, 3, "average_gradients"),
-    "07": (exercise_hardware.check_07_inference, 2, "quantize"),
-    "08": (exercise_data.check_08_batch_augment, 2, "augment"),
+    "01": (exercises.check_01_loop, 1, "train"),
+    "02": (exercises.check_02_trainer, 3, "trainer_settings"),
+    "03": (exercises.check_03_data_wait, 1, "make_data"),
+    "04": (exercises.check_04_activation_memory, 1, "train_step"),
+    "05": (exercises.check_05_fusion, 1, "activation"),
+    "06": (exercises.check_06_allreduce, 3, "average_gradients"),
+    "07": (exercises.check_07_inference, 2, "quantize"),
+    "08": (exercises.check_08_batch_augment, 2, "augment"),
 }
 
 
@@ -39,12 +40,14 @@ def graded(lesson: str, fn, inputs: tuple, *, time_failing: bool) -> tuple[bool 
     verdict of None with the error as output (a starter that cannot even run, e.g. 05's graph break)."""
     check = EXERCISES[lesson][0]
     out = io.StringIO()
-    with exercise.recording(time_failing=time_failing) as grades, contextlib.redirect_stdout(out):
+    grading = Grading(time_failing=time_failing)
+    with contextlib.redirect_stdout(out):
         try:
-            verdict = check(fn, *inputs)
+            verdict = check(fn, *inputs, grading=grading)
         except Exception as err:  # reported in the row, never hidden: the other lessons still run
-            return None, grades, f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
-    return bool(verdict), grades, out.getvalue()
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            return None, grading.grades, f"{type(err).__name__}: {first}"
+    return bool(verdict), grading.grades, out.getvalue()
 
 
 def ratio_text(grades: list[dict]) -> str:
@@ -58,10 +61,10 @@ def ratio_text(grades: list[dict]) -> str:
 def row(lesson: str, size: str) -> tuple[str, float | None]:
     """One markdown table row for `lesson`, and the solution's margin (None where it was not timed)."""
     _, number, name = EXERCISES[lesson]
-    inputs = exercise_hardware.inputs_07() if lesson == "07" else ()
+    inputs = inference.inputs_07() if lesson == "07" else ()
     start = time.perf_counter()
-    _, starter_grades, starter_out = graded(lesson, exercise.starter(lesson, number)[name], inputs, time_failing=True)
-    passed, grades, out = graded(lesson, exercise.solution(lesson)[name], inputs, time_failing=False)
+    _, starter_grades, starter_out = graded(lesson, exercises.starter(lesson, number)[name], inputs, time_failing=True)
+    passed, grades, out = graded(lesson, exercises.solution(lesson)[name], inputs, time_failing=False)
     seconds = time.perf_counter() - start
     if not grades:  # the solution failed its mechanism or raised: say why, from its own output
         last = [line for line in out.strip().splitlines() if line.strip()][-1:] or ["no output"]

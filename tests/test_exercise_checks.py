@@ -3,80 +3,99 @@ mechanism check on the starter (fails), the shortcuts a learner might try (fail)
 (passes). Real timings: one run per exercise in tests/test_exercises.py with generous bars, and in `make course`."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from course_lib import exercise, exercise_data, exercise_hardware, exercise_training
-from course_lib.exercise import solution
+from course_lib import exercises
+from course_lib.data import crop_flip, to_float
+from course_lib.exercises import Grading, forbidden, inference, solution, starter, training
 
 
 # ---- grading, with injected costs ---------------------------------------------------------------------------
 def test_grade_passes_when_the_median_ratio_meets_the_target(capsys):
-    assert exercise.grade("Ex", [4.0, 4.0, 4.0], [1.0, 2.0, 1.0], target=3.0) is True  # medians 4 and 1
+    assert Grading().grade("Ex", [4.0, 4.0, 4.0], [1.0, 2.0, 1.0], target=3.0) is True  # medians 4 and 1
     out = capsys.readouterr().out
     assert "4.00x" in out and "target >= 3x" in out and "2.00-4.00x" in out and "passed" in out
 
 
 def test_grade_misses_below_the_target(capsys):
-    assert exercise.grade("Ex", [2.0, 2.0], [1.0, 1.0], target=3.0) is False
+    assert Grading().grade("Ex", [2.0, 2.0], [1.0, 1.0], target=3.0) is False
     out = capsys.readouterr().out
     assert "not yet" in out and "straddle" not in out
 
 
 def test_grade_on_noisy_rounds_lets_the_median_decide_and_says_so(capsys):
     """Rounds 1.5x, 3.5x, 3.2x: the median (3.2x of the medians) passes, and the verdict flags the spread."""
-    assert exercise.grade("Ex", [1.5, 3.5, 3.2], [1.0, 1.0, 1.0], target=3.0) is True
+    assert Grading().grade("Ex", [1.5, 3.5, 3.2], [1.0, 1.0, 1.0], target=3.0) is True
     assert "straddle the target" in capsys.readouterr().out
-    assert exercise.grade("Ex", [1.5, 2.0, 3.5], [1.0, 1.0, 1.0], target=3.0) is False  # median round 2.0x
+    assert Grading().grade("Ex", [1.5, 2.0, 3.5], [1.0, 1.0, 1.0], target=3.0) is False  # median round 2.0x
 
 
 def test_grade_rejects_bad_costs():
     with pytest.raises(ValueError, match="positive"):
-        exercise.grade("Ex", [1.0], [0.0], target=2.0)
+        Grading().grade("Ex", [1.0], [0.0], target=2.0)
     with pytest.raises(ValueError, match="one baseline and one learner cost per round"):
-        exercise.grade("Ex", [1.0, 2.0], [1.0], target=2.0)
+        Grading().grade("Ex", [1.0, 2.0], [1.0], target=2.0)
 
 
 def test_ratio_check_alternates_the_two_sides():
     order = []
-    exercise.ratio_check("Ex", lambda: order.append("mine") or 1.0, lambda: order.append("base") or 2.0, 1.5, 2)
+    Grading().ratio_check("Ex", lambda: order.append("mine") or 1.0, lambda: order.append("base") or 2.0, 1.5,
+                          repeats=2)
     assert order == ["base", "mine", "base", "mine"]
 
 
-def test_recording_collects_grades_and_times_failing_code_only_when_asked(capsys):
-    """recording() sees each grade's ratio and round spread; time_failing lets a failed mechanism through inside
-    its block only (the margins script times starters so), never outside it."""
-    with exercise.recording() as grades:
-        exercise.grade("Ex", [4.0, 3.0, 5.0], [2.0, 1.0, 2.0], target=3.0)
-        assert exercise.mechanism("Ex", ["a problem"]) is False
-    assert [(g["ratio"], g["low"], g["high"], g["passed"]) for g in grades] == [(2.0, 2.0, 3.0, False)]
-    with exercise.recording(time_failing=True):
-        assert exercise.mechanism("Ex", ["a problem"]) is True
-    assert exercise.mechanism("Ex", ["a problem"]) is False
+def test_grading_collects_grades_and_times_failing_code_only_when_asked(capsys):
+    """A Grading keeps each grade's ratio and round spread; time_failing lets a failed mechanism through for that
+    Grading only (the margins script times starters so), never for another."""
+    grading = Grading()
+    grading.grade("Ex", [4.0, 3.0, 5.0], [2.0, 1.0, 2.0], target=3.0)
+    assert grading.mechanism("Ex", ["a problem"]) is False
+    assert [(g["ratio"], g["low"], g["high"], g["passed"]) for g in grading.grades] == [(2.0, 2.0, 3.0, False)]
+    assert Grading(time_failing=True).mechanism("Ex", ["a problem"]) is True
+    assert Grading().mechanism("Ex", ["a problem"]) is False
     assert "timed anyway" in capsys.readouterr().out
 
 
 def test_forbidden_sees_calls_through_imported_names():
     """A function imported into a learner's namespace is still caught (the check watches the code object)."""
-    from course_lib.data import crop_flip
-
     x = torch.zeros(2, 3, 4, 4)
-    with exercise.forbidden(crop_flip) as called:
+    with forbidden(crop_flip) as called:
         crop_flip(x, torch.zeros(2, 2, dtype=torch.long), torch.zeros(2, dtype=torch.bool), 1)
     assert called == ["crop_flip"]
-    with exercise.forbidden(crop_flip) as called:
+    with forbidden(crop_flip) as called:
         x.flip(3)
     assert called == []
 
 
+def test_forbidden_blocks_nest_and_leave_no_hook_behind():
+    """An inner block does not blind the outer one (lesson 03 watches decoders inside its pipeline watch), and the
+    profile hook is gone after the outer block."""
+    before = sys.getprofile()
+    with forbidden(crop_flip) as outer:
+        with forbidden(to_float) as inner:
+            to_float(torch.zeros(1, 3, 2, 2, dtype=torch.uint8))
+            crop_flip(torch.zeros(1, 3, 4, 4), torch.zeros(2, 1, dtype=torch.long), torch.zeros(1, dtype=torch.bool),
+                      1)
+    assert (outer, inner) == (["crop_flip"], ["to_float"])
+    assert sys.getprofile() is before
+
+
 # ---- lesson 01: the learner's loop ------------------------------------------------------------------------------
-def test_01_starter_misses_the_loss_bar():
-    assert exercise_training.check_01_loop(exercise.starter("01", 1)["train"], measure=False) is False
+@pytest.fixture(scope="module")
+def loop_data() -> training.LoopData:
+    """Lesson 01's images, decoded once for the module, and the starter loop's result on them."""
+    return training.inputs_01()
 
 
-def test_01_shortcuts_fail():
+def test_01_starter_misses_the_loss_bar(loop_data):
+    assert exercises.check_01_loop(starter("01", 1)["train"], data=loop_data, measure=False) is False
+
+
+def test_01_shortcuts_fail(loop_data):
     """A bigger batch alone (no learning-rate change), the library's loop, and reading more images."""
     import torch.nn.functional as F
     from torch.utils.data import DataLoader
@@ -96,40 +115,46 @@ def test_01_shortcuts_fail():
         pass
 
     for shortcut in (bigger_batch_only, library_loop, no_training):
-        assert exercise_training.check_01_loop(shortcut, measure=False) is False, shortcut.__name__
+        assert exercises.check_01_loop(shortcut, data=loop_data, measure=False) is False, shortcut.__name__
 
 
-def test_01_solution_passes_the_mechanism():
-    assert exercise_training.check_01_loop(solution("01")["train"], measure=False) is True
+def test_01_solution_passes_the_mechanism(loop_data):
+    assert exercises.check_01_loop(solution("01")["train"], data=loop_data, measure=False) is True
 
 
 # ---- lesson 02: keep the debugging setup's purpose, drop its cost --------------------------------------------
-def test_02_starter_and_shortcuts_fail():
+@pytest.fixture(scope="module")
+def trainer_data():
+    """Lesson 02's device batches, set up once for the module."""
+    return training.inputs_02()
+
+
+def test_02_starter_and_shortcuts_fail(trainer_data):
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
 
-    starter = exercise.starter("02", 3)["trainer_settings"]
-    assert exercise_training.check_02_trainer(starter, measure=False) is False  # anomaly detection still on
-    assert exercise_training.check_02_trainer(lambda: dict(barebones=True), measure=False) is False
+    settings = starter("02", 3)["trainer_settings"]
+    assert exercises.check_02_trainer(settings, data=trainer_data, measure=False) is False  # anomaly detection still on
+    assert exercises.check_02_trainer(lambda: dict(barebones=True), data=trainer_data, measure=False) is False
     no_logs = lambda: dict(logger=False, enable_checkpointing=False)  # noqa: E731
-    assert exercise_training.check_02_trainer(no_logs, measure=False) is False
+    assert exercises.check_02_trainer(no_logs, data=trainer_data, measure=False) is False
 
     def no_guard(tmp=Path(__import__("tempfile").mkdtemp())):
         return dict(logger=CSVLogger(tmp), callbacks=[ModelCheckpoint(dirpath=tmp / "ckpt")])
-    assert exercise_training.check_02_trainer(no_guard, measure=False) is False  # a NaN run goes on
+    assert exercises.check_02_trainer(no_guard, data=trainer_data, measure=False) is False  # a NaN run goes on
 
 
-def test_02_solution_passes_the_mechanism():
-    assert exercise_training.check_02_trainer(solution("02")["trainer_settings"], measure=False) is True
+def test_02_solution_passes_the_mechanism(trainer_data):
+    assert exercises.check_02_trainer(solution("02")["trainer_settings"], data=trainer_data, measure=False) is True
 
 
 # ---- lesson 03: a pipeline built by the learner ---------------------------------------------------------------
 def test_03_starter_and_library_pipeline_fail():
     from course_lib import runs
 
-    assert exercise_data.check_03_data_wait(exercise.starter("03", 1)["make_data"], measure=False) is False
+    assert exercises.check_03_data_wait(starter("03", 1)["make_data"], measure=False) is False
     library = lambda b, s: runs.datamodule("03_gpu_and_data", batch_size=b)  # noqa: E731
-    assert exercise_data.check_03_data_wait(library, measure=False) is False
+    assert exercises.check_03_data_wait(library, measure=False) is False
 
 
 def test_03_workers_and_the_solution_pass_the_mechanism():
@@ -137,8 +162,8 @@ def test_03_workers_and_the_solution_pass_the_mechanism():
     from course_lib import jpeg
 
     workers = lambda b, s: jpeg.JpegDataModule(b, subset=s, num_workers=1)  # noqa: E731
-    assert exercise_data.check_03_data_wait(workers, measure=False) is True
-    assert exercise_data.check_03_data_wait(solution("03")["make_data"], measure=False) is True
+    assert exercises.check_03_data_wait(workers, measure=False) is True
+    assert exercises.check_03_data_wait(solution("03")["make_data"], measure=False) is True
 
 
 # ---- lesson 07: the learner's own int8 program -----------------------------------------------------------------
@@ -155,15 +180,14 @@ def test_07_starter_and_shortcuts_fail():
     from course_lib import compress
 
     net, calib, held = _07_inputs()
-    starter = exercise.starter("07", 2)["quantize"]
-    for quantize in (starter, lambda m, c: compress.quantize_ptq(m, c), lambda m, c: compress.export(m).module(),
-                     lambda m, c: compress.quantize_linear_int8(m)):
-        assert exercise_hardware.check_07_inference(quantize, net, calib, held, measure=False) is False
+    for quantize in (starter("07", 2)["quantize"], lambda m, c: compress.quantize_ptq(m, c),
+                     lambda m, c: compress.export(m).module(), lambda m, c: compress.quantize_linear_int8(m)):
+        assert exercises.check_07_inference(quantize, net, calib, held, measure=False) is False
 
 
 def test_07_solution_graph_holds_int8_ops():
     net, calib, _ = _07_inputs()
-    int8, qdq = exercise_hardware.int8_graph_report(solution("07")["quantize"](net, calib))
+    int8, qdq = inference.int8_graph_report(solution("07")["quantize"](net, calib))
     assert int8 >= 9 and qdq > 0  # 8 convolutions and the linear layer
 
 
@@ -171,13 +195,12 @@ def test_07_solution_graph_holds_int8_ops():
 def test_08_starter_and_shortcuts_fail():
     from course_lib import data
 
-    starter = exercise.starter("08", 2)["augment"]
-    assert exercise_data.check_08_batch_augment(starter, measure=False) is False  # one image at a time
+    assert exercises.check_08_batch_augment(starter("08", 2)["augment"], measure=False) is False  # one image at a time
     kernel = lambda x, s, f, p: data.crop_flip(data.to_float(x), s, f, p, mode="reflect")  # noqa: E731
-    assert exercise_data.check_08_batch_augment(kernel, measure=False) is False
+    assert exercises.check_08_batch_augment(kernel, measure=False) is False
     no_flip = lambda x, s, f, p: data.to_float(x)  # noqa: E731  (fast, wrong)
-    assert exercise_data.check_08_batch_augment(no_flip, measure=False) is False
+    assert exercises.check_08_batch_augment(no_flip, measure=False) is False
 
 
 def test_08_solution_passes_the_mechanism():
-    assert exercise_data.check_08_batch_augment(solution("08")["augment"], measure=False) is True
+    assert exercises.check_08_batch_augment(solution("08")["augment"], measure=False) is True

@@ -28,7 +28,7 @@ REMOVED_BY_313 = {"aifc", "asynchat", "asyncore", "audioop", "cgi", "cgitb", "ch
 def sources() -> list[tuple[str, str]]:
     """(name, code) of every course_lib module, script, test and notebook code cell (IPython magics dropped)."""
     found = [(str(p.relative_to(REPO)), p.read_text())
-             for folder in ("course_lib", "scripts", "tests") for p in sorted((REPO / folder).glob("*.py"))]
+             for folder in ("course_lib", "scripts", "tests") for p in sorted((REPO / folder).rglob("*.py"))]
     for path in sorted((REPO / "notebooks").glob("*.ipynb")):
         for n, cell in enumerate(json.loads(path.read_text())["cells"]):
             if cell["cell_type"] == "code":

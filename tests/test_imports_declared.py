@@ -63,7 +63,7 @@ def notebook_code(path: Path) -> str:
 def sources() -> dict[str, list[tuple[str, str]]]:
     """{'runtime' | 'dev': [(relative path, source)]}: the lessons' code, and the tools' (runner, scripts, tests)."""
     runtime, dev = [], []
-    for path in sorted((REPO / "course_lib").glob("*.py")):
+    for path in sorted((REPO / "course_lib").rglob("*.py")):
         # course_lib.runner is `make course`'s notebook executor: a tool, not something a lesson imports
         (dev if path.name == "runner.py" else runtime).append((path, path.read_text()))
     runtime += [(p, p.read_text()) for p in sorted((REPO / "notebooks" / "solutions").glob("*.py"))]

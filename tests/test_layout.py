@@ -1,5 +1,6 @@
-"""The house's shape: every course_lib module is listed in the README's layout, once, and imports only modules
-listed above it there, so the import graph has one direction and no cycles."""
+"""The house's shape: every course_lib module (a subpackage's as exercises/core.py, named exercises.core) is listed
+in the README's layout, once, and imports only modules listed above it there, so the import graph has one direction
+and no cycles."""
 from __future__ import annotations
 
 import ast
@@ -12,26 +13,42 @@ SIZE_LIMIT = 300  # lines: "each under about 300 lines" (DEVELOPERS guide)
 
 
 def readme_order() -> list[str]:
-    """course_lib module names in the order the README's layout lists them."""
+    """course_lib module names (dotted below the package) in the order the README's layout lists them."""
     text = (ROOT / "README.md").read_text()
     block = text[text.index("course_lib/  one module per concept"):text.index("\nscripts/ ")]
-    return [name for line in block.splitlines()[1:] for name in re.findall(r"\b(\w+)\.py\b", line.split("  ")[1]
-                                                                              if line.startswith("  ") else "")]
+    return [name.replace("/", ".") for line in block.splitlines()[1:]
+            for name in re.findall(r"\b([\w/]+)\.py\b", line.split("  ")[1] if line.startswith("  ") else "")]
+
+
+def module_path(name: str) -> Path:
+    """The file of a dotted module name below the package (exercises.core: course_lib/exercises/core.py)."""
+    return PACKAGE.joinpath(*name.split(".")).with_suffix(".py")
 
 
 def course_imports(path: Path) -> set[str]:
-    """The course_lib modules a module imports (relative or absolute), at any depth of its code."""
-    found = set()
+    """The course_lib modules a module imports (relative or absolute, dotted below the package), at any depth of its
+    code; a name imported from a module counts as that module."""
+    package, known, found = list(path.relative_to(PACKAGE).parent.parts), set(modules()), set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and (node.level == 1 or (node.module or "").startswith("course_lib")):
-            base = (node.module or "").removeprefix("course_lib").lstrip(".")
-            found |= {base.split(".")[0]} if base else {alias.name for alias in node.names}
-    return found - {""}
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:  # `from .x import` is this module's package, each further dot one package up
+            base = package[:len(package) + 1 - node.level] + (node.module or "").split(".")
+        elif (node.module or "").split(".")[0] == "course_lib":
+            base = node.module.split(".")[1:]
+        else:
+            continue
+        for name in [".".join(p for p in [*base, alias.name] if p) for alias in node.names]:
+            parts = name.split(".")  # the longest prefix that is a module: `from .core import Grading` -> core
+            found |= {next((".".join(parts[:n]) for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in known),
+                           name)}
+    return found
 
 
 def modules() -> list[str]:
-    """Every module of the package but the package's own entry files."""
-    return sorted(p.stem for p in PACKAGE.glob("*.py") if not p.stem.startswith("__"))
+    """Every module of the package and its subpackages (dotted below it) but the packages' own entry files."""
+    return sorted(".".join(p.relative_to(PACKAGE).with_suffix("").parts) for p in PACKAGE.rglob("*.py")
+                  if not p.stem.startswith("__"))
 
 
 def test_every_module_is_listed_once():
@@ -42,10 +59,10 @@ def test_every_module_is_listed_once():
 def test_each_module_imports_only_modules_listed_above_it():
     order = readme_order()
     rank = {m: i for i, m in enumerate(order)}
-    upward = {m: sorted(d for d in course_imports(PACKAGE / f"{m}.py") if rank.get(d, -1) >= rank[m]) for m in order}
+    upward = {m: sorted(d for d in course_imports(module_path(m)) if rank.get(d, -1) >= rank[m]) for m in order}
     assert not {m: d for m, d in upward.items() if d}, "imports of modules listed below (or at) the importer"
 
 
 def test_modules_stay_small():
-    sizes = {m: len((PACKAGE / f"{m}.py").read_text().splitlines()) for m in modules()}
+    sizes = {m: len(module_path(m).read_text().splitlines()) for m in modules()}
     assert not {m: n for m, n in sizes.items() if n > SIZE_LIMIT}

@@ -203,7 +203,7 @@ def test_readme_opens_every_lesson_in_colab():
 
 def source_texts():
     """(path, text) for every course_lib module and every notebook's code cells."""
-    for path in sorted((REPO / "course_lib").glob("*.py")):
+    for path in sorted((REPO / "course_lib").rglob("*.py")):
         yield path, path.read_text()
     for path in sorted((REPO / "notebooks").glob("*.ipynb")):
         cells = json.loads(path.read_text())["cells"]
@@ -220,7 +220,7 @@ def test_no_deprecated_quantization_api():
 def test_torch_load_uses_weights_only():
     """Every torch.load call in course_lib passes weights_only=True (no pickled code runs on load)."""
     calls, unsafe = 0, []
-    for path in sorted((REPO / "course_lib").glob("*.py")):
+    for path in sorted((REPO / "course_lib").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "load"
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"):
@@ -234,5 +234,5 @@ def test_torch_load_uses_weights_only():
 
 def test_no_bare_load_imported_from_torch():
     """course_lib never imports `load` from torch, which would hide calls from the scan above."""
-    for path in sorted((REPO / "course_lib").glob("*.py")):
+    for path in sorted((REPO / "course_lib").rglob("*.py")):
         assert not re.search(r"from\s+torch\s+import\s+.*\bload\b", path.read_text()), path.name

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from course_lib import ceilings, config, roofline
-from course_lib.exercise import exercise_cells, notebooks_folder, solution, starter
+from course_lib.exercises import exercise_cells, notebooks_folder, solution, starter
 
 F32 = 4  # bytes per fp32 element
 

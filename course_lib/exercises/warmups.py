@@ -3,6 +3,13 @@ notebook's check call never shows it. An answer of None means not attempted yet 
 from __future__ import annotations
 
 import math
+import statistics
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+from .. import timing
 
 
 def check(name: str, answer, expected, rel_tol: float = 0.05) -> bool | None:
@@ -35,12 +42,6 @@ def matmul_seconds(name: str, answer, device: str, n: int = 4096):
     """Seconds of one fp32 n x n matmul on `device`, measured now (median over timing.time_calls' blocks); within
     50 %."""
     def measure():
-        import statistics
-
-        import torch
-
-        from . import timing
-
         a = torch.randn(n, n, device=device)
         return statistics.median(timing.time_calls(lambda: a @ a, min_run_time=0.5))
     return _ask(name, answer, measure, 0.5)
@@ -73,24 +74,18 @@ def scaled_lr(name: str, answer, batch: int, base_lr: float, base_batch: int):
 
 def fp16_loss_scale(name: str, answer, gradient: float = 1e-10):
     """The smallest power-of-two loss scale that lifts `gradient` to fp16's smallest normal number or above."""
-    import torch
-
     smallest = torch.finfo(torch.float16).smallest_normal
     return _ask(name, answer, lambda: 2.0 ** math.ceil(math.log2(smallest / gradient)), 1e-6)
 
 
 def bf16_values_in_octave(name: str, answer):
     """How many bf16 numbers lie in [1, 2): one per mantissa pattern."""
-    import torch
-
     return _ask(name, answer, lambda: round(1 / torch.finfo(torch.bfloat16).eps), 0)
 
 
 def images_per_optimizer_step(name: str, answer, devices: int, per_device: int, accumulate: int):
     """Images one optimiser step averages over, asked of a Trainer built (not started) on CPU processes."""
     def expected():
-        import lightning as L
-
         planned = L.Trainer(accelerator="cpu", devices=devices, strategy="ddp_notebook",
                             accumulate_grad_batches=accumulate, logger=False)
         return planned.world_size * planned.accumulate_grad_batches * per_device
@@ -100,8 +95,6 @@ def images_per_optimizer_step(name: str, answer, devices: int, per_device: int, 
 def distributed_steps(name: str, answer, n: int, replicas: int, batch: int, seed: int):
     """Optimiser steps per epoch for rank 0 of `replicas` processes over n samples, as DistributedSampler pads it."""
     def expected():
-        from torch.utils.data import DataLoader, DistributedSampler
-
         rank0 = DistributedSampler(range(n), num_replicas=replicas, rank=0, shuffle=True, seed=seed)
         return len(DataLoader(range(n), batch_size=batch, sampler=rank0))
     return _ask(name, answer, expected, 0)

@@ -1,0 +1,167 @@
+"""Measured exercises of one device's compute: activation memory (lesson 04: saved-for-backward bytes counted, not
+timed) and kernel fusion (lesson 05: one compiled graph, timed against the eager starter). Graded as core.py
+grades."""
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import bench, hardware, models, timing
+from .core import Grading
+
+# ---- lesson 04: fewer bytes saved for backward, the same gradients -----------------------------------------------
+EX04_MAX_GRAD_ERROR = 0.05  # relative; fp32 accumulation or checkpointing: ~1e-6; bf16 autocast: ~1e-2
+
+
+def plain_train_step(net, x, y) -> None:
+    """The starter of lesson 04's exercise: one forward and backward over the whole batch."""
+    F.cross_entropy(net(x), y).backward()
+
+
+@dataclass
+class _Side:
+    """One side of lesson 04's comparison: its own copy of the net, its step, and what its steps cost."""
+    net: nn.Module
+    step: Callable
+    seconds: list[float] = field(default_factory=list)
+    peak_mb: float = 0.0  # CUDA peak memory of its last step
+
+    def saved_bytes(self, x, y) -> int:
+        """Saved-for-backward bytes of one step; its time and (on CUDA) peak memory are recorded on the way."""
+        cuda = x.is_cuda
+        self.net.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        held = bench.saved_bytes_peak(lambda: self.step(self.net, x, y))
+        if cuda:
+            torch.cuda.synchronize()
+            self.peak_mb = torch.cuda.max_memory_allocated() / 2**20
+        self.seconds.append(time.perf_counter() - start)
+        return max(held, 1)
+
+
+def _04_gradient_error(base: _Side, mine: _Side) -> float | None:
+    """The largest relative difference between the two sides' gradients; None if the learner left one unset."""
+    grads = [(a.grad, b.grad) for a, b in zip(base.net.parameters(), mine.net.parameters())]
+    if any(b is None for _, b in grads):
+        return None
+    return max(((b - a).norm() / a.norm().clamp_min(1e-12)).item() for a, b in grads)
+
+
+def _04_report(base: _Side, mine: _Side, *, batch: int, err: float, passed: bool) -> None:
+    """Print the gradients' agreement, the time price per step and, on CUDA, the peak memory of both sides."""
+    t_base, t_mine = statistics.median(base.seconds), statistics.median(mine.seconds)
+    price = ", the price of the memory saved" if passed else ""
+    print(f"  batch {batch}: gradients match the plain step's to {err:.1e} (relative, limit {EX04_MAX_GRAD_ERROR}): "
+          f"{'same effective batch' if err <= EX04_MAX_GRAD_ERROR else 'NOT the same gradients'}; time per step "
+          f"{t_base * 1e3:.0f} ms -> {t_mine * 1e3:.0f} ms ({t_mine / t_base:.2f}x{price})")
+    if torch.cuda.is_available():
+        print(f"  CUDA peak memory (torch.cuda.max_memory_allocated): {base.peak_mb:,.0f} MB -> "
+              f"{mine.peak_mb:,.0f} MB")
+    else:
+        print("  (no GPU: the bytes are what autograd saved for backward, counted by saved_tensors_hooks, "
+              "not the process's whole memory)")
+
+
+def check_04_activation_memory(train_step: Callable, *, batch_size: int | None = None, target: float = 2.0,
+                               grading: Grading | None = None) -> bool:
+    """Lesson 04: train_step(net, x, y) must hold >= `target`x fewer saved-for-backward bytes than a plain step on
+    the same batch, with the same gradients (same effective batch); reports the time cost and, on CUDA, peak memory."""
+    grading = grading or Grading()
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    batch = batch_size or (256 if cuda else 32)
+    torch.manual_seed(0)
+    # (B, 3, 32, 32) -> (B, 10); eval mode: BatchNorm uses running statistics, so chunking the batch does not
+    # change the gradients, and the check can compare them with the plain step's
+    net = models.ResNet9(width=64 if cuda else 8).to(device).eval()
+    x = torch.randn(batch, 3, 32, 32, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
+    base, mine = _Side(net, plain_train_step), _Side(copy.deepcopy(net), train_step)
+    passed = grading.ratio_check("Exercise 1 (activation memory)", lambda: mine.saved_bytes(x, y),
+                                 lambda: base.saved_bytes(x, y), target, repeats=2, what="saved-for-backward bytes",
+                                 hardware=hardware.label())
+    err = _04_gradient_error(base, mine)
+    if err is None:
+        print("  the learner's step left some parameters without a gradient: it must train the whole net")
+        return False
+    _04_report(base, mine, batch=batch, err=err, passed=passed)
+    return passed and err <= EX04_MAX_GRAD_ERROR
+
+
+# ---- lesson 05: one graph, fused --------------------------------------------------------------------------------
+CLIP = 4.0  # lesson 05's exercise clips the normalised values at 4 standard deviations
+EX05_TOLERANCE = 1e-3  # y's absolute and relative tolerance, and peak's relative one, against the eager starter
+
+
+def eager_chain(x):
+    """The starter of lesson 05's exercise: row normalisation, a clip decided on the host, scale and shift, tanh
+    GELU; returns (y, the largest |z| before clipping as a float). Under torch.compile it breaks the graph twice."""
+    mean = x.mean(dim=-1, keepdim=True)
+    centred = x - mean
+    var = (centred * centred).mean(dim=-1, keepdim=True)
+    z = centred * torch.rsqrt(var + 1e-5)
+    peak = z.abs().max().item()  # read back to the host: a sync, and a graph break
+    if peak > CLIP:  # a Python branch on a tensor's value: Dynamo cannot trace past it either
+        z = z.clamp(-CLIP, CLIP)
+    z = z * 1.5 + 0.1  # scale and shift
+    return 0.5 * z * (1.0 + torch.tanh(0.7978845608 * (z + 0.044715 * z * z * z))), peak  # tanh GELU
+
+
+def inputs_05() -> torch.Tensor:
+    """The check's (rows, 2048) float32 input on the device: seeded, wide enough that some |z| exceed CLIP."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    return torch.randn(4096 if device == "cuda" else 512, 2048, device=device) * 2
+
+
+def mechanism_05(compiled: Callable, x: torch.Tensor, *, grading: Grading) -> bool:
+    """No clock: the compiled function's first call traces as one graph (fullgraph) and matches the eager starter."""
+    start = time.perf_counter()
+    try:
+        y, peak = compiled(x)
+        timing.sync(x.device.type)
+        error = None
+    except Exception as err:  # Dynamo names the graph break; the learner needs its first line, not the trace
+        error = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    problems = []
+    if error is not None:
+        problems.append(f"torch.compile(fullgraph=True) could not trace it as one graph ({error}): keep the values "
+                        f"on the device (a 0-d tensor, not .item()) and replace the Python branch by tensor ops")
+    else:
+        print(f"Exercise 1: compiled as one graph; first call (compile) took {time.perf_counter() - start:.1f} s")
+        ref, ref_peak = eager_chain(x)
+        tol = EX05_TOLERANCE
+        if not (torch.allclose(y, ref, atol=tol, rtol=tol) and abs(float(peak) - ref_peak) <= tol * ref_peak):
+            problems.append("the results differ from the starter's: it must compute the same y and the same peak")
+    return grading.mechanism("Exercise 1", problems)
+
+
+def check_05_fusion(fn: Callable, *, target: float = 1.3, measure: bool = True,
+                    grading: Grading | None = None) -> bool:
+    """Lesson 05: the check compiles fn itself with torch.compile(fullgraph=True); fn(x) -> (y, peak) must compile
+    as one graph (no graph break, no host read-back) and match the eager starter (y within 1e-3, float(peak));
+    compiled, it must take >= `target`x less time than the eager starter, timed after the compile."""
+    grading, x = grading or Grading(), inputs_05()
+    torch.compiler.reset()  # a clean slate: earlier compiles in this process do not count
+    compiled = torch.compile(fn, fullgraph=True)  # fullgraph: a graph break is an error, not a silent split
+    ok = mechanism_05(compiled, x, grading=grading)
+    if not (ok and measure):
+        return ok
+
+    def cost(f) -> float:
+        """Seconds per call of f's fastest block of calls (a busy machine only ever adds time)."""
+        return min(timing.time_calls(lambda: f(x)))
+
+    fast = grading.ratio_check("Exercise 1 (fusion)", lambda: cost(compiled), lambda: cost(eager_chain), target,
+                               repeats=3, what="time", hardware=hardware.label())
+    return bool(ok and fast)
