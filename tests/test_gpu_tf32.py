@@ -13,7 +13,7 @@ LEGACY = re.compile(r"allow_tf32\s*=|set_float32_matmul_precision\(")
 def code_sources():
     """(where, code) of every course_lib module, script and notebook code cell."""
     for path in sorted([*(REPO / "course_lib").rglob("*.py"), *(REPO / "scripts").glob("*.py")]):
-        if path.relative_to(REPO).as_posix() != "course_lib/hardware.py":  # hardware.set_tf32 keeps the legacy pair for torch < 2.9 only
+        if path != REPO / "course_lib" / "hardware.py":  # hardware.set_tf32 keeps the legacy pair for torch < 2.9 only
             yield str(path.relative_to(REPO)), path.read_text()
     for path in sorted((REPO / "notebooks").glob("*.ipynb")):
         for i, cell in enumerate(json.loads(path.read_text())["cells"]):

@@ -67,7 +67,7 @@ def best_checkpoint_accuracy(name: str, answer, trainer, ckpt, dm):
                                                    verbose=False)[0]["test_acc"], 0.01)
 
 
-def scaled_lr(name: str, answer, batch: int, base_lr: float, base_batch: int):
+def scaled_lr(name: str, answer, *, batch: int, base_lr: float, base_batch: int):
     """The linear scaling rule: the learning rate grows with the batch."""
     return _ask(name, answer, lambda: base_lr * batch / base_batch, 0.01)
 
@@ -83,7 +83,7 @@ def bf16_values_in_octave(name: str, answer):
     return _ask(name, answer, lambda: round(1 / torch.finfo(torch.bfloat16).eps), 0)
 
 
-def images_per_optimizer_step(name: str, answer, devices: int, per_device: int, accumulate: int):
+def images_per_optimizer_step(name: str, answer, *, devices: int, per_device: int, accumulate: int):
     """Images one optimiser step averages over, asked of a Trainer built (not started) on CPU processes."""
     def expected():
         planned = L.Trainer(accelerator="cpu", devices=devices, strategy="ddp_notebook",
@@ -92,7 +92,7 @@ def images_per_optimizer_step(name: str, answer, devices: int, per_device: int, 
     return _ask(name, answer, expected, 0)
 
 
-def distributed_steps(name: str, answer, n: int, replicas: int, batch: int, seed: int):
+def distributed_steps(name: str, answer, *, n: int, replicas: int, batch: int, seed: int):
     """Optimiser steps per epoch for rank 0 of `replicas` processes over n samples, as DistributedSampler pads it."""
     def expected():
         rank0 = DistributedSampler(range(n), num_replicas=replicas, rank=0, shuffle=True, seed=seed)
@@ -100,6 +100,6 @@ def distributed_steps(name: str, answer, n: int, replicas: int, batch: int, seed
     return _ask(name, answer, expected, 0)
 
 
-def images_per_second(name: str, answer, batch: int, ms_per_call: float):
+def images_per_second(name: str, answer, *, batch: int, ms_per_call: float):
     """Images per second from one call's latency at a batch size; within 5 %."""
     return _ask(name, answer, lambda: batch / (ms_per_call / 1e3), 0.05)
