@@ -24,7 +24,7 @@ from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
     get_default_x86_inductor_quantization_config,
 )
 
-from . import hardware
+from . import hardware, internals
 from .metrics import top1_accuracy
 from .timing import time_calls
 
@@ -107,11 +107,10 @@ def fold_batchnorm(model: nn.Module) -> nn.Module:
 
     model = copy.deepcopy(model).eval()
     for seq in [m for m in model.modules() if isinstance(m, nn.Sequential)]:
-        names = list(seq._modules)
-        for a, b in zip(names, names[1:]):
-            conv, bn = seq._modules[a], seq._modules[b]
+        for i in range(len(seq) - 1):  # by position: a layer listed twice is folded where it sits
+            conv, bn = seq[i], seq[i + 1]
             if isinstance(conv, nn.Conv2d) and isinstance(bn, nn.BatchNorm2d):
-                seq._modules[a], seq._modules[b] = fuse_conv_bn_eval(conv, bn), nn.Identity()
+                seq[i], seq[i + 1] = fuse_conv_bn_eval(conv, bn), nn.Identity()
     return model
 
 
@@ -153,15 +152,13 @@ def compile_for_cpu(model: nn.Module, *examples: torch.Tensor):
     """torch.compile for CPU inference with Inductor's freezing on (weights become constants, which lets the x86
     passes pre-pack int8 weights and fuse quantize ops into oneDNN int8 kernels). Compiles once per example shape
     here; later shapes recompile, also with freezing."""
-    import torch._inductor.config as inductor_config
-
     compiled = torch.compile(model)
 
     @torch.no_grad()
     def run(x: torch.Tensor) -> torch.Tensor:
         # the global patch, not torch.compile(options={"freezing": True}): Dynamo also reads the flag while tracing
         # (parameters become constants); options= reach Inductor only, and the int8 prepack then fails
-        with inductor_config.patch(freezing=True):
+        with internals.inductor_freezing():
             return compiled(x)
 
     for x in examples or (example_input(),):

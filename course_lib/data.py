@@ -8,7 +8,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from . import config
+from . import config, internals
 from .sampling import EpochSampler, ResumableLoader
 from .sources import list_image_folder, load_image_folder, load_torchvision_cifar10
 
@@ -258,7 +258,7 @@ class CIFAR10DataModule(L.LightningDataModule):
 
     def _batches_done(self) -> int:
         """Training batches of the current epoch done so far (restored from the checkpoint when a run resumes)."""
-        return self.trainer.fit_loop.epoch_loop.batch_progress.current.ready if self.trainer else 0
+        return internals.epoch_batch_progress(self.trainer).ready if self.trainer else 0
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, train=True)

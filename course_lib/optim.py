@@ -102,5 +102,6 @@ class Lookahead:
 
     @torch.no_grad()
     def update(self, decay: float) -> None:
-        torch._foreach_lerp_(self.slow, self.fast, 1 - decay)  # slow += (1 - decay) (fast - slow)
-        torch._foreach_copy_(self.fast, self.slow)  # decay=1 just copies the slow weights into the net
+        for slow, fast in zip(self.slow, self.fast):  # a few dozen tensors every few steps: a loop costs nothing
+            slow.lerp_(fast, 1 - decay)  # slow += (1 - decay) (fast - slow)
+            fast.copy_(slow)  # decay=1 just copies the slow weights into the net

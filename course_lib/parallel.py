@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from . import internals
 from .models import build_model
 
 
@@ -82,7 +83,7 @@ def _ddp_worker(rank: int, job: Job, bucket_cap_mb: float) -> None:
         net = nn.parallel.DistributedDataParallel(toy_model(job.model, job.seed), bucket_cap_mb=bucket_cap_mb)
         train_steps(net, *job.share(rank))
         if rank == 0:
-            torch.save({"state": net.module.state_dict(), "ddp": net._get_ddp_logging_data()}, job.out)
+            torch.save({"state": net.module.state_dict(), "ddp": internals.ddp_logging_data(net)}, job.out)
     finally:
         dist.destroy_process_group()
 

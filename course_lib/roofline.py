@@ -11,13 +11,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-
-# TorchDispatchMode: the documented hook for seeing every aten op ("Extending PyTorch"), the base FlopCounterMode
-# itself is built on; torch exposes it only under this module name
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from . import ceilings, timing, verdict
+from .internals import TorchDispatchMode  # the hook that sees every aten op; torch names it only privately
 
 KINDS = ("compute", "memory", "overhead")
 NO_TRAFFIC = ("empty", "detach", "lift_fresh", "alias")  # op names that allocate or relabel, moving no data

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from course_lib import config, flops, hardware, models  # noqa: E402
+from course_lib.internals import TorchDispatchMode  # noqa: E402  (sees every aten op; a private torch name)
 
 LESSONS = ("00_setup", "01_pytorch_baseline", "02_lightning", "03_gpu_and_data", "04_mixed_precision",
            "05_compile_and_tuning", "06_ddp", "07_quantization", "08_capstone")
