@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from . import config, hardware
+from .runfolder import write_atomically
 
 
 def file_name(text: str) -> str:
@@ -29,7 +30,7 @@ def record(lesson: str, name: str, value: float, unit: str = "", note: str = "")
     rows = [r for r in load(lesson) if r["name"] != name]  # re-running a cell replaces its figure
     rows.append({"name": name, "value": float(value), "unit": unit, "note": note, "size": config.run_size().name,
                  "hardware": hardware.label(), "time": time.strftime("%Y-%m-%d %H:%M:%S")})
-    path.write_text(json.dumps(rows, indent=1))
+    write_atomically(path, json.dumps(rows, indent=1))  # a reader in another process never sees half a file
 
 
 def load(lesson: str) -> list[dict]:
@@ -48,8 +49,8 @@ def save_rows(rows: list[dict], lesson: str, path: str | Path | None = None) -> 
     images/s recorded as one of the lesson's figures."""
     path = Path(path or config.build_dir() / "results" / f"bench-{file_name(lesson)}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"lesson": lesson, "size": config.run_size().name, "hardware": hardware.facts(),
-                                "rows": rows}, indent=1))
+    write_atomically(path, json.dumps({"lesson": lesson, "size": config.run_size().name, "hardware": hardware.facts(),
+                                       "rows": rows}, indent=1))
     for r in rows:
         record(lesson, f"{r['name']} images/s", r["images_per_s"], "images/s",
                f"batch {r['batch_size']}, {r['precision']}, median step {r['step_ms']:.3g} ms")
@@ -76,7 +77,7 @@ def write_report(path: str | Path, title: str, lines: list[str], info: dict | No
             "", "Versions and hardware facts: " + ", ".join(f"{k} {v}" for k, v in info.items())]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(text) + "\n")
+    write_atomically(path, "\n".join(text) + "\n")
     return path
 
 
