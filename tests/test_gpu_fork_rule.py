@@ -56,7 +56,7 @@ def test_emulated_rule_fails_a_fork_after_a_backward_and_fork_status_sees_it():
     assert res.returncode == 0, res.stderr[-3000:]
     lines = dict(line.split(": ", 1) for line in res.stdout.splitlines())
     assert lines["before"] == "True ok" and lines["in_child"] == "trained" and lines["still"] == "True"
-    assert lines["after"].startswith("False ['pt_autograd_0']")
+    assert lines["after"].startswith("False ['pt_autograd_0'")  # and one more per further GPU on a GPU machine
     assert "Unable to handle autograd's threading in combination with fork-based multiprocessing" in lines["after"]
     assert "restart the kernel" in lines["why"] and lines["in_child refused"] == "True"
 
