@@ -1,33 +1,23 @@
-"""The CLI's command line before LightningCLI parses it: --config files first, the settings given explicitly, YAML
-errors with their file and line, and the command that resumes a stopped run."""
+"""The CLI's command line around LightningCLI's parser: --config files first, the settings given explicitly (read by
+the parser), YAML errors with their file and line, and the command that resumes a stopped run. Nothing here reads or
+changes sys.argv: main() passes the arguments."""
 from __future__ import annotations
 
 import shlex
 import sys
 from pathlib import Path
 
-from jsonargparse import get_loader
+from jsonargparse import ArgumentParser, Namespace, get_loader
 
-from .runfolder import CourseError
+from .errors import CourseError
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 
-def explicit_keys(argv: list[str], section: str) -> set[str]:
-    """The <section> settings given by a flag (--data.seed 1) or in a --config file's <section>: mapping."""
-    keys = {a[len(section) + 3:].split("=")[0] for a in argv if a.startswith(f"--{section}.")}
-    for path in config_paths(argv):
-        loaded = get_loader("yaml")(Path(path).read_text()) if Path(path).is_file() else None
-        keys |= set(loaded.get(section) or {}) if isinstance(loaded, dict) else set()
-    return keys
-
-
-def configs_first(argv: list[str]) -> list[str]:
-    """The --config files moved right after the subcommand, in their order: jsonargparse applies arguments in order,
-    so a flag placed before a config would be silently overridden by it. Flags always override configs."""
-    if not argv or argv[0] not in SUBCOMMANDS:
-        return argv
-    configs, rest, i = [], [], 1
+def split_configs(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """(everything up to the subcommand, the --config/-c options after it in their order, the other arguments)."""
+    start = next((i + 1 for i, a in enumerate(argv) if a in SUBCOMMANDS), len(argv))
+    configs, rest, i = [], [], start
     while i < len(argv):
         if argv[i] in ("--config", "-c") and i + 1 < len(argv):
             configs += argv[i:i + 2]
@@ -35,7 +25,31 @@ def configs_first(argv: list[str]) -> list[str]:
             continue
         (configs if argv[i].startswith("--config=") else rest).append(argv[i])
         i += 1
-    return [argv[0], *configs, *rest]
+    return argv[:start], configs, rest
+
+
+def configs_first(argv: list[str]) -> list[str]:
+    """The arguments with the --config files moved right after the subcommand, in their order: jsonargparse applies
+    arguments in order, so a flag placed before a config would be silently overridden by it. Flags always win."""
+    head, configs, rest = split_configs(argv)
+    return [*head, *configs, *rest]
+
+
+def given_settings(parser: ArgumentParser, argv: list[str], subcommand: str, section: str) -> tuple[set[str], set[str]]:
+    """The <section> settings that argv (in configs_first's order) sets, as the parser reads them with its defaults
+    left out: (those set by a flag or a --config file, those a flag sets to other than what the configs say).
+
+    jsonargparse records no value's origin, and the flags cannot be parsed without the configs (a flag may refine a
+    config's value, e.g. --trainer.callbacks.patience after a config that lists callbacks), so the flags' share is
+    what parsing the configs alone (a prefix of argv) does not give."""
+    head, configs, _ = split_configs(argv)
+
+    def section_of(args: list[str]):
+        return parser.parse_args(args, defaults=False)[subcommand].get(section) or Namespace()
+
+    given, from_configs = section_of(argv), section_of([*head, *configs])
+    flagged = {k for k in given.keys() if k not in from_configs or from_configs[k] != given[k]}
+    return set(given.keys()), flagged
 
 
 def config_paths(argv: list[str]) -> list[str]:

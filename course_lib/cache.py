@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from . import config
+from .errors import CourseError, NotAFolderError
 
 CACHE_SAMPLE = 64  # files whose bytes go into the cache key, evenly spread (every file's size and mtime go in too)
 
@@ -54,8 +55,11 @@ def ensure_folder(path: Path, what: str) -> Path:
         path.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError) as err:
         blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
-        raise NotADirectoryError(f"{what} {path} cannot be created: {blocker} is a file, not a folder. Point "
-                                 f"{config.DATA_ROOT_ENV} at a folder (or unset it for the checkout's data/).") from err
+        raise NotAFolderError(f"{what} {path} cannot be created: {blocker} is a file, not a folder. Point "
+                              f"{config.DATA_ROOT_ENV} at a folder (or unset it for the checkout's data/).") from err
+    except OSError as err:  # no permission, a read-only disk
+        raise CourseError(f"{what} {path} cannot be created ({err.strerror or err}). Make it writable, or point "
+                          f"{config.DATA_ROOT_ENV} at a folder you can write to.") from err
     return path
 
 
@@ -81,8 +85,12 @@ def cached_split(split_dir: Path, files: list[Path], cache_dir: Path, load: bool
         print(f"Decoding {len(files)} images from {split_dir} once into {cache} ...", flush=True)
     data = build()
     tmp = cache.with_suffix(f".tmp{os.getpid()}")
-    torch.save({**data, "checksum": checksum(data)}, tmp)
-    tmp.replace(cache)  # atomic: a crash never leaves a half-written cache
+    try:
+        torch.save({**data, "checksum": checksum(data)}, tmp)
+        tmp.replace(cache)  # atomic: a crash never leaves a half-written cache
+    except OSError as err:  # the folder exists but is not writable
+        raise CourseError(f"Cannot write the cache {cache} ({err.strerror or err}). Make {cache_dir} writable, or "
+                          f"point {config.DATA_ROOT_ENV} at a folder you can write to.") from err
     for old in superseded:
         old.unlink(missing_ok=True)
     return data

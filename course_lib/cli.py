@@ -7,7 +7,6 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 
 import lightning as L
@@ -16,15 +15,15 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from . import config, hardware, runfolder, runs
-from .arguments import check_config_files, configs_first, explicit_keys, resume_command
+from .arguments import check_config_files, configs_first, given_settings, resume_command
 from .data import CIFAR10DataModule
+from .errors import CourseError
 from .modules import ImageClassifierModule
-from .runfolder import CourseError, run_checkpoints
+from .runfolder import run_checkpoints
 
 __all__ = ["CourseCLI", "CourseError", "EpochLines", "log_defaults", "main", "run_checkpoints"]
 
 DEBUG_ENV = "COURSE_DEBUG"  # set to 1 (or pass --debug) for the full traceback of the course's own errors
-PACKAGE = Path(__file__).resolve().parent
 PRECISION_ALIASES = {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true"}  # Lightning's short names
 
 
@@ -105,19 +104,46 @@ def log_defaults(interactive: bool) -> dict:
 
 class CourseCLI(LightningCLI):
     """LightningCLI whose defaults follow the run-size switch and the data source; flags and configs override them.
-    Outputs (checkpoints, logs) go to $COURSE_BUILD/runs/<run_name>, from any working folder."""
+    Outputs (checkpoints, logs) go to $COURSE_BUILD/runs/<run_name>, from any working folder. A CourseError prints as
+    its message alone and exits 1; --debug or COURSE_DEBUG=1 brings its traceback back."""
+
+    def __init__(self, *args, **kwargs):
+        self.debug = os.environ.get(DEBUG_ENV, "") not in ("", "0")  # --debug joins it once the arguments are parsed
+        self._setup_error: CourseError | None = None  # a bad COURSE_SIZE or COURSE_DATA, raised after parsing
+        self._explicit_model: dict = {}
+        self._lock: runfolder.RunLock | None = None  # a fit's hold on its run folder
+        try:
+            super().__init__(*args, **kwargs)
+        except CourseError as err:  # the course's own: bad input, the remedy in the message; anything else is a bug
+            if self.debug:
+                raise
+            print(f"error: {err}\n(run with --debug or {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
+            raise SystemExit(1) from None
+        finally:
+            if self._lock is not None:
+                self._lock.release()  # the run is over: its folder is free now, not when this object is collected
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--run_name", type=str, default="run",
                             help="outputs go to $COURSE_BUILD/runs/<run_name> (default build/ in the checkout)")
-        parser.set_defaults(runs.cli_defaults())
+        parser.add_argument("--debug", action="store_true",
+                            help=f"the full traceback of the course's own errors (or set {DEBUG_ENV}=1)")
+        try:
+            parser.set_defaults(runs.cli_defaults())
+        except CourseError as err:  # raised once the arguments are parsed, so that --debug applies and --help works
+            self._setup_error = err
 
-    def parse_arguments(self, parser, args) -> None:
-        """Parse; `--ckpt_path last` becomes the run's last.ckpt (so the model is built from the checkpoint's
-        settings, as for a file path), the checkpoint is read once with clear errors, the data settings that choose
-        the held-out images come from it, and the model flags given explicitly are kept for a check."""
-        super().parse_arguments(parser, args)
-        cfg = self.config[self.config.subcommand] if self.config.get("subcommand") else self.config
+    def parse_arguments(self, parser, args: list[str]) -> None:
+        """Parse the arguments main() passes (sys.argv is never read or changed); `--ckpt_path last` becomes the
+        run's last.ckpt (so the model is built from the checkpoint's settings, as for a file path), the checkpoint is
+        read once with clear errors, the data settings that choose the held-out images come from it, and the model
+        flags given explicitly are kept for a check."""
+        self.config = parser.parse_args(args)  # LightningCLI's own parse_arguments also warns that sys.argv is set
+        subcommand = self.config.subcommand
+        cfg = self.config[subcommand]
+        self.debug = self.debug or cfg.debug
+        if self._setup_error is not None:
+            raise self._setup_error
         last = config.build_dir().resolve() / "runs" / cfg.run_name / "checkpoints" / "last.ckpt"
         if cfg.get("ckpt_path") == "last":
             if not last.is_file():
@@ -125,11 +151,11 @@ class CourseCLI(LightningCLI):
                                   f"an epoch or was never started). Run without --ckpt_path to start it, or pass "
                                   f"--run_name of the run to resume.")
             cfg.ckpt_path = str(last)
-        argv = sys.argv[1:] if args is None else list(args)
-        keys = {a[len("--model."):].split("=")[0] for a in argv if a.startswith("--model.")}
-        self._explicit_model = {k: cfg.model.get(k) for k in keys if k in cfg.model}
-        if cfg.get("ckpt_path"):
-            self._data_from_checkpoint(cfg, runfolder.read_checkpoint(cfg.ckpt_path), explicit_keys(argv, "data"))
+        if cfg.get("ckpt_path"):  # only a checkpoint's settings can contradict what was given
+            _, model_flags = given_settings(parser, args, subcommand, "model")
+            self._explicit_model = {k: cfg.model.get(k) for k in model_flags if k in cfg.model}
+            data_given, _ = given_settings(parser, args, subcommand, "data")
+            self._data_from_checkpoint(cfg, runfolder.read_checkpoint(cfg.ckpt_path), data_given)
 
     def _data_from_checkpoint(self, cfg, ckpt: dict, explicit: set[str]) -> None:
         """The settings that choose the held-out images (SPLIT_KEYS) come from the checkpoint, so that test and
@@ -159,7 +185,7 @@ class CourseCLI(LightningCLI):
         (the checkpoint's weights fit only its own model), not silently dropped."""
         if not cfg.get("ckpt_path"):
             return
-        for key, given in getattr(self, "_explicit_model", {}).items():
+        for key, given in self._explicit_model.items():
             if cfg.model.get(key) != given:
                 raise CourseError(f"--model.{key} {given} contradicts the checkpoint {cfg.ckpt_path}, whose model has "
                                   f"{key}={cfg.model.get(key)} (its weights fit only that model). Drop "
@@ -239,34 +265,14 @@ def _exit_now(signum, frame) -> None:
     os._exit(128 + signum)
 
 
-def _strip_debug(args: list[str] | None) -> tuple[list[str] | None, bool]:
-    """Remove --debug from the arguments (the parser does not know it); whether it or COURSE_DEBUG asks for it."""
-    argv = sys.argv[1:] if args is None else args
-    debug = "--debug" in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
-    if args is None:
-        sys.argv[1:] = [a for a in argv if a != "--debug"]
-        return None, debug
-    return [a for a in args if a != "--debug"], debug
-
-
-def _course_error(err: BaseException) -> bool:
-    """Whether the course raised this error on purpose (bad input; its message names the remedy), not a library
-    and not a bug (KeyError, TypeError, ... keep their traceback)."""
-    frames = traceback.extract_tb(err.__traceback__)
-    raised_here = bool(frames) and Path(frames[-1].filename).resolve().parent == PACKAGE
-    return isinstance(err, CourseError) or raised_here and isinstance(err, (ValueError, OSError, RuntimeError))
-
-
 def main(args: list[str] | None = None) -> CourseCLI:
-    """Entry point; `args` lets tests call it in-process. A stopped fit exits 128 + the signal's number (130 for
-    Ctrl+C, 143 for SIGTERM) and says how to resume; the course's own errors print as their message alone."""
-    args, debug = _strip_debug(args)
-    if args is None:
-        sys.argv[1:] = configs_first(sys.argv[1:])
-    else:
-        args = configs_first(args)
+    """Entry point; `args` (default: sys.argv[1:], read, never changed) lets tests and notebooks call it in-process.
+    A stopped fit exits 128 + the signal's number (130 for Ctrl+C, 143 for SIGTERM) and says how to resume; the
+    course's own errors print as their message alone (CourseCLI), a config file that is not YAML exits 2."""
+    from_command_line = args is None
+    argv = configs_first(sys.argv[1:] if args is None else list(args))
     try:
-        check_config_files(sys.argv[1:] if args is None else args)
+        check_config_files(argv)
     except CourseError as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -274,27 +280,18 @@ def main(args: list[str] | None = None) -> CourseCLI:
     defaults = log_defaults(sys.stdout.isatty())
     defaults["callbacks"] = [*defaults.get("callbacks", []), stopper]
     try:
-        return CourseCLI(ImageClassifierModule, CIFAR10DataModule, seed_everything_default=0, args=args,
+        return CourseCLI(ImageClassifierModule, CIFAR10DataModule, seed_everything_default=0, args=argv,
                          save_config_kwargs={"overwrite": True}, trainer_defaults=defaults)
     except (SIGTERMException, SystemExit) as stop:
         if isinstance(stop, SystemExit) and not stopper.stopped_at:
-            raise  # --help, --print_config, a parser error: not a stopped run
-        name, argv = signal.Signals(stopper.signum or signal.SIGTERM).name, sys.argv[1:] if args is None else args
+            raise  # --help, --print_config, a parser error, a CourseError's exit: not a stopped run
+        name = signal.Signals(stopper.signum or signal.SIGTERM).name
         if "fit" in argv[:1]:
             print(f"\nStopped by {name} at {stopper.stopped_at or 'the start'}; last.ckpt holds that state. "
                   f"Resume with:\n  {resume_command(argv)}", file=sys.stderr)
         else:
             print(f"\nStopped by {name}.", file=sys.stderr)
         raise SystemExit(128 + (stopper.signum or signal.SIGTERM)) from None
-    except Exception as err:
-        for folder, variable in ((config.build_dir(), config.BUILD_ENV), (config.data_root(), config.DATA_ROOT_ENV)):
-            if isinstance(err, OSError) and not debug and runfolder.under(err.filename, folder):
-                err = runfolder.unwritable(Path(err.filename).parent, err, variable)  # the course's own folders
-        if debug or not _course_error(err):
-            raise
-        print(f"error: {err}\n(run with --debug or {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
-        raise SystemExit(1) from None
     finally:
-        if args is None and threading.current_thread() is threading.main_thread():  # a command, not a test's call
+        if from_command_line and threading.current_thread() is threading.main_thread():  # not a test's call
             signal.signal(signal.SIGINT, _exit_now)  # leaving: only exit handlers run from here on
-

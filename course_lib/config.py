@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from . import hardware
+from .errors import CourseError, MissingPathError
 
 #: The course repository (a placeholder until it is published: change it here, then wherever the tests point).
 #: Every lesson's install cell and the README's Colab links must use this exact URL (tested).
@@ -81,7 +82,7 @@ def run_size(lesson: str | None = None, gpu: bool | None = None, size: str | Non
     instead of the switch (a script's --dry-run asks for "smoke")."""
     name = (size or os.environ.get(SIZE_ENV, "full")).strip().lower()
     if name not in SIZES:
-        raise ValueError(f"{SIZE_ENV}={name!r} is not a run size; set {SIZE_ENV} to one of {sorted(SIZES)}.")
+        raise CourseError(f"{SIZE_ENV}={name!r} is not a run size; set {SIZE_ENV} to one of {sorted(SIZES)}.")
     if lesson is None:
         return SIZES[name]
     gpu = torch.cuda.device_count() > 0 if gpu is None else gpu  # NVML: no CUDA context, ddp_notebook can fork
@@ -129,7 +130,7 @@ def data_source(given: str | Path | None = None, *, need_files: bool = False) ->
         return str(shared_data_folder())
     if named in ("", "torchvision"):
         if need_files:
-            raise FileNotFoundError(
+            raise MissingPathError(
                 f"No CIFAR-10 files here: {DATA_ENV} is {'unset' if named == '' else named!r} and "
                 f"{shared_data_folder()} is absent. Pass --data <folder>, or set {DATA_ENV}=<folder>, to a folder "
                 f"laid out as <folder>/train/<class>/*.jpg (or a tensor file this script wrote).")
@@ -138,9 +139,9 @@ def data_source(given: str | Path | None = None, *, need_files: bool = False) ->
     if not path.exists() or (path.is_dir() and not (path / "train").is_dir()):
         what = "does not exist" if not path.exists() else "has no train/<class>/*.jpg folder"
         named_by = "given as the data source" if given else f"named by {DATA_ENV}"
-        raise FileNotFoundError(f"{named}, {named_by}, {what}. Point it (--data, image_folder or {DATA_ENV}) at a "
-                                f"folder laid out as <folder>/train/<class>/*.jpg (or a .pt tensor file), or set "
-                                f"{DATA_ENV}=torchvision to download CIFAR-10.")
+        raise MissingPathError(f"{named}, {named_by}, {what}. Point it (--data, image_folder or {DATA_ENV}) at a "
+                               f"folder laid out as <folder>/train/<class>/*.jpg (or a .pt tensor file), or set "
+                               f"{DATA_ENV}=torchvision to download CIFAR-10.")
     return str(path)
 
 

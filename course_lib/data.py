@@ -9,6 +9,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from . import config, internals
+from .errors import CourseError, MissingPathError
 from .sampling import EpochSampler, ResumableLoader
 from .sources import list_image_folder, load_image_folder, load_torchvision_cifar10
 
@@ -81,8 +82,8 @@ def split_indices(n: int, fractions: list[float], seed: int) -> list[torch.Tenso
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     sizes = [int(round(f * n)) for f in fractions]
     if any(s == 0 and f != 0 for s, f in zip(sizes, fractions)) or min(fractions, default=0) < 0 or sum(sizes) >= n:
-        raise ValueError(f"Cannot carve fractions {fractions} from {n} images: each part needs at least one "
-                         f"(a fraction of exactly 0 asks for none).")
+        raise CourseError(f"Cannot carve fractions {fractions} from {n} images: each part needs at least one "
+                          f"(a fraction of exactly 0 asks for none).")
     return list(torch.split(perm, sizes + [n - sum(sizes)]))
 
 
@@ -93,10 +94,10 @@ def load_tensor_file(path: str | Path) -> dict:
     try:
         data = torch.load(path, weights_only=True)
     except Exception as err:  # unpickling refused, truncated, not a torch file: torch's text suggests unsafe loads
-        raise ValueError(f"{remedy}; it cannot be read as one ({type(err).__name__}).") from None
+        raise CourseError(f"{remedy}; it cannot be read as one ({type(err).__name__}).") from None
     if not isinstance(data, dict) or not {"images", "labels", "classes"} <= set(data):
         keys = sorted(map(str, data))[:5] if isinstance(data, dict) else ""
-        raise ValueError(f"{remedy}; it holds a {type(data).__name__} {keys}.")
+        raise CourseError(f"{remedy}; it holds a {type(data).__name__} {keys}.")
     return data
 
 
@@ -164,10 +165,10 @@ class CIFAR10DataModule(L.LightningDataModule):
         train = self._load("train")
         self.classes = train["classes"]
         if model_classes and stage != "fit" and list(model_classes) != list(self.classes):
-            raise ValueError(f"The model was trained on classes {model_classes} but the data in "
-                             f"{hp.image_folder or 'torchvision CIFAR-10'} have {self.classes}, so its labels would "
-                             f"be wrong. Point COURSE_DATA (--data.image_folder) at data with the model's classes, "
-                             f"or grade a folder of class-named images with --data.test_folder.")
+            raise CourseError(f"The model was trained on classes {model_classes} but the data in "
+                              f"{hp.image_folder or 'torchvision CIFAR-10'} have {self.classes}, so its labels would "
+                              f"be wrong. Point COURSE_DATA (--data.image_folder) at data with the model's classes, "
+                              f"or grade a folder of class-named images with --data.test_folder.")
         val, test = self._by_name(self._load("val"), "val"), self._by_name(self._load("test"), "test")
         source = Path(hp.image_folder) if hp.image_folder and not str(hp.image_folder).endswith(".pt") else None
         self._test_source = (source and source / ("test" if test is not None else "train"),  # names for predict
@@ -191,8 +192,8 @@ class CIFAR10DataModule(L.LightningDataModule):
             return d
         unknown = sorted(set(d["classes"]) - set(self.classes))
         if unknown:
-            raise ValueError(f"{Path(self.hparams.image_folder) / split} has classes {unknown} that its train/ "
-                             f"lacks ({self.classes}). Give both splits the same class folders.")
+            raise CourseError(f"{Path(self.hparams.image_folder) / split} has classes {unknown} that its train/ "
+                              f"lacks ({self.classes}). Give both splits the same class folders.")
         remap = torch.tensor([self.classes.index(c) for c in d["classes"]])
         return {**d, "labels": remap[d["labels"]], "classes": list(self.classes)}
 
@@ -206,8 +207,8 @@ class CIFAR10DataModule(L.LightningDataModule):
         """The --data.test_folder path, checked: a missing one is named as the test folder, with its remedy."""
         folder = Path(self.hparams.test_folder)
         if not folder.is_dir():
-            raise FileNotFoundError(f"Test folder {folder} (test_folder=, CLI --data.test_folder) does not exist. "
-                                    f"Pass a folder of <class>/*.jpg|png images whose class names the model knows.")
+            raise MissingPathError(f"Test folder {folder} (test_folder=, CLI --data.test_folder) does not exist. "
+                                   f"Pass a folder of <class>/*.jpg|png images whose class names the model knows.")
         return folder
 
     def _model_classes(self) -> list[str] | None:
@@ -215,9 +216,9 @@ class CIFAR10DataModule(L.LightningDataModule):
         hp = getattr(getattr(self.trainer, "lightning_module", None), "hparams", {}) if self.trainer else {}
         classes, heads = hp.get("classes"), hp.get("num_classes")
         if classes and heads is not None and len(classes) != heads:
-            raise ValueError(f"The model records {len(classes)} classes ({', '.join(classes)}) but its head has "
-                             f"{heads} outputs: the checkpoint is inconsistent. Retrain it, or pass the "
-                             f"{heads} class names with --model.classes.")
+            raise CourseError(f"The model records {len(classes)} classes ({', '.join(classes)}) but its head has "
+                              f"{heads} outputs: the checkpoint is inconsistent. Retrain it, or pass the "
+                              f"{heads} class names with --model.classes.")
         return list(classes) if classes else None
 
     def _foreign_test(self, folder: str) -> dict:
@@ -225,8 +226,8 @@ class CIFAR10DataModule(L.LightningDataModule):
         data = load_image_folder(self._test_folder(), self.data_dir / "cache")
         unknown = sorted(set(data["classes"]) - set(self.classes))
         if unknown:
-            raise ValueError(f"Test folder {folder} has classes {unknown} that the model was not trained on; "
-                             f"rename them to some of {self.classes}.")
+            raise CourseError(f"Test folder {folder} has classes {unknown} that the model was not trained on; "
+                              f"rename them to some of {self.classes}.")
         remap = torch.tensor([self.classes.index(c) for c in data["classes"]])
         return {"images": data["images"], "labels": remap[data["labels"]]}
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from .errors import CourseError
+
 CPUINFO = Path("/proc/cpuinfo")
 #: CPU instruction sets that compute bf16 natively (x86 AVX-512 bf16 dot products, AMX bf16 tiles, Arm's bf16
 #: extension); without one, CPU autocast converts bf16 to fp32 around every product and bf16-mixed runs slower
@@ -134,13 +136,13 @@ def choose_precision(requested: str | None = None, info: dict | None = None) -> 
     if requested is None:
         return "bf16-mixed" if native_bf16 else "16-mixed" if gpu else "32-true"
     if requested not in PRECISIONS:
-        raise ValueError(f"Unknown precision {requested!r}; choose one of {PRECISIONS}.")
+        raise CourseError(f"Unknown precision {requested!r}; choose one of {PRECISIONS}.")
     if requested == "bf16-mixed" and gpu and not native_bf16:
-        raise ValueError(f"{gpu} (compute capability {info.get('compute_capability')}) has no native bf16: it needs "
-                         f"compute capability 8.0 or newer. Use precision='16-mixed' (fp16 with loss scaling).")
+        raise CourseError(f"{gpu} (compute capability {info.get('compute_capability')}) has no native bf16: it needs "
+                          f"compute capability 8.0 or newer. Use precision='16-mixed' (fp16 with loss scaling).")
     if requested == "16-mixed" and not gpu:
-        raise ValueError("precision='16-mixed' (fp16 with a GradScaler) is a GPU technique and there is no CUDA GPU "
-                         "here. Use '32-true', or 'bf16-mixed' on a CPU with AVX512_BF16 or AMX, or run on a GPU.")
+        raise CourseError("precision='16-mixed' (fp16 with a GradScaler) is a GPU technique and there is no CUDA GPU "
+                          "here. Use '32-true', or 'bf16-mixed' on a CPU with AVX512_BF16 or AMX, or run on a GPU.")
     return requested
 
 
@@ -225,13 +227,13 @@ def check_devices(accelerator, devices) -> None:
     if (acc in ("gpu", "cuda") or (acc == "auto" and have)) and want > have:
         use_here = (f"Pass --trainer.devices {have} to use the GPUs here" if have else
                     "Check that the GPU driver works (nvidia-smi) and CUDA_VISIBLE_DEVICES is not empty")
-        raise ValueError(f"devices={want} asks for {want} GPU(s) per node, but this machine has {have} visible CUDA "
-                         f"GPU(s) (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}). "
-                         f"{use_here}; or spread the run over machines with --trainer.num_nodes and one launch per "
-                         f"node (torchrun or SLURM); or pass --trainer.accelerator cpu for CPU processes (gloo).")
+        raise CourseError(f"devices={want} asks for {want} GPU(s) per node, but this machine has {have} visible CUDA "
+                          f"GPU(s) (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}). "
+                          f"{use_here}; or spread the run over machines with --trainer.num_nodes and one launch per "
+                          f"node (torchrun or SLURM); or pass --trainer.accelerator cpu for CPU processes (gloo).")
     if acc == "auto" and not have and want > 1:
-        raise ValueError(f"devices={want} with accelerator=auto, but there is no CUDA GPU here: auto would quietly "
-                         f"start {want} CPU processes. Pass --trainer.accelerator cpu if that is what you want.")
+        raise CourseError(f"devices={want} with accelerator=auto, but there is no CUDA GPU here: auto would quietly "
+                          f"start {want} CPU processes. Pass --trainer.accelerator cpu if that is what you want.")
     if acc == "cpu" and want > (os.cpu_count() or 1):
         warnings.warn(f"devices={want} CPU processes on {os.cpu_count()} cores: they share the cores, so each runs "
                       f"slower. Fine for testing the DDP code path, not for speed.", stacklevel=2)

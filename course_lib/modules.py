@@ -7,8 +7,9 @@ import lightning as L
 import torch
 from torch import nn
 
+from .errors import CourseError
 from .metrics import mean_loss, top1_accuracy
-from .models import build_model
+from .models import MODELS, build_model
 from .optim import make_optimizer
 
 STAGES = ("train", "val", "test")
@@ -107,8 +108,10 @@ class ImageClassifierModule(ClassifierSystem):
                  label_smoothing: float = 0.0, schedule: str = "onecycle", warmup_fraction: float = 0.25,
                  channels_last: bool = False, compile: bool = False, classes: list[str] | None = None):
         if optimizer not in ("sgd", "adamw") or schedule not in ("onecycle", "constant"):
-            raise ValueError(f"optimizer must be 'sgd' or 'adamw' and schedule 'onecycle' or 'constant', "
-                             f"got {optimizer!r} and {schedule!r}.")
+            raise CourseError(f"optimizer must be 'sgd' or 'adamw' and schedule 'onecycle' or 'constant', "
+                              f"got {optimizer!r} and {schedule!r}.")
+        if isinstance(backbone, str) and backbone not in MODELS:  # models.py imports torch alone: the check is here
+            raise CourseError(f"Unknown model {backbone!r}; choose one of {sorted(MODELS)}.")
         net = backbone if isinstance(backbone, nn.Module) else build_model(backbone, num_classes=num_classes)
         super().__init__(net, num_classes, label_smoothing, channels_last, compile)
         # an nn.Module backbone is not a hyperparameter: reloading a checkpoint then needs it passed again
@@ -126,12 +129,12 @@ class ImageClassifierModule(ClassifierSystem):
                        f"num_classes={hp.num_classes} outputs. Pass num_classes={len(classes)} (CLI: "
                        f"--model.num_classes {len(classes)}).")
             if len(classes) > hp.num_classes:
-                raise ValueError(message)
+                raise CourseError(message)
             warnings.warn(message + " Its other outputs are never a right answer; grading it on a test folder "
                           "will be refused.", stacklevel=2)
         if hp.classes is not None and list(hp.classes) != list(classes):
-            raise ValueError(f"The model was trained on classes {list(hp.classes)} but these data have {classes}. "
-                             f"Train it on data with the same classes, or start a new model.")
+            raise CourseError(f"The model was trained on classes {list(hp.classes)} but these data have {classes}. "
+                              f"Train it on data with the same classes, or start a new model.")
         hp.classes = list(classes)
 
     def configure_optimizers(self):
@@ -154,10 +157,10 @@ class ImageClassifierModule(ClassifierSystem):
         for scheduler in self.trainer.lr_scheduler_configs:
             spans = getattr(scheduler.scheduler, "total_steps", total)  # OneCycleLR's length, restored with its state
             if spans != total:
-                raise ValueError(f"The checkpoint's one-cycle schedule spans {spans} steps but this run needs "
-                                 f"{total}. Resume with the same max_epochs, batch size and data as the interrupted "
-                                 f"run; to train longer, start a new run from its weights (load_from_checkpoint) or "
-                                 f"use schedule='constant'.")
+                raise CourseError(f"The checkpoint's one-cycle schedule spans {spans} steps but this run needs "
+                                  f"{total}. Resume with the same max_epochs, batch size and data as the interrupted "
+                                  f"run; to train longer, start a new run from its weights (load_from_checkpoint) or "
+                                  f"use schedule='constant'.")
 
     def predict_step(self, batch, batch_idx: int) -> torch.Tensor:
         return self(batch[0]).softmax(dim=-1)  # (B, classes) class probabilities

@@ -20,6 +20,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from . import config
+from .errors import CourseError
 
 try:  # POSIX; Windows locks through msvcrt instead
     import fcntl
@@ -29,10 +30,6 @@ except ImportError:  # pragma: no cover - Windows
 
 LOCK_NAME = ".run.lock"  # in the run folder; its text names the process that holds it
 SPLIT_KEYS = ("seed", "val_fraction", "test_fraction", "subset", "eval_subset")  # what decides the held-out images
-
-
-class CourseError(Exception):
-    """Bad input to the CLI, with its remedy in the message."""
 
 
 def unwritable(folder: Path, err: OSError, variable: str = config.BUILD_ENV) -> CourseError:

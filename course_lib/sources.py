@@ -10,6 +10,7 @@ from PIL import Image
 
 from . import config
 from .cache import cached_split, ensure_folder
+from .errors import CourseError, MissingPathError, SetupError
 
 IMAGE_EXTS = {".jpg", ".jpeg", ".png"}
 IMAGE_SIZE = 32  # pixels; images of another size are resized on decode
@@ -19,20 +20,20 @@ def list_image_folder(split_dir: str | Path) -> tuple[list[Path], list[int], lis
     """Files, labels and class names of a <split_dir>/<class>/*.jpg|png folder; clear errors for bad layouts."""
     split_dir = Path(split_dir)
     if not split_dir.is_dir():
-        raise FileNotFoundError(f"Image folder {split_dir} does not exist. Check the path, or unset COURSE_DATA "
-                                f"to download CIFAR-10 instead.")
+        raise MissingPathError(f"Image folder {split_dir} does not exist. Check the path, or unset COURSE_DATA "
+                               f"to download CIFAR-10 instead.")
     loose = sorted(p.name for p in split_dir.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTS)
     classes = sorted(p.name for p in split_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
     if loose or not classes:
-        raise ValueError(f"Wrong layout in {split_dir}: expected one sub-folder per class holding the images "
-                         f"(<root>/<split>/<class>/*.jpg), found {len(classes)} class folders and "
-                         f"{len(loose)} loose images (e.g. {loose[:3]}). Move the images into class folders.")
+        raise CourseError(f"Wrong layout in {split_dir}: expected one sub-folder per class holding the images "
+                          f"(<root>/<split>/<class>/*.jpg), found {len(classes)} class folders and "
+                          f"{len(loose)} loose images (e.g. {loose[:3]}). Move the images into class folders.")
     files, labels = [], []
     for label, name in enumerate(classes):
         imgs = sorted(p for p in (split_dir / name).iterdir() if p.suffix.lower() in IMAGE_EXTS)
         if not imgs:
-            raise ValueError(f"Class folder {split_dir / name} holds no .jpg/.jpeg/.png images. "
-                             f"Add images or remove the folder.")
+            raise CourseError(f"Class folder {split_dir / name} holds no .jpg/.jpeg/.png images. "
+                              f"Add images or remove the folder.")
         files += imgs
         labels += [label] * len(imgs)
     return files, labels, classes
@@ -47,7 +48,7 @@ def decode_image(path: Path) -> torch.Tensor:
                 im = im.resize((IMAGE_SIZE, IMAGE_SIZE), Image.BILINEAR)
             arr = np.asarray(im)  # (H, W, C) uint8
     except Exception as err:  # PIL raises several types for corrupt or truncated files
-        raise ValueError(f"Cannot decode image {path}: {err}. Delete or replace this file.") from err
+        raise CourseError(f"Cannot decode image {path}: {err}. Delete or replace this file.") from err
     return torch.from_numpy(arr.copy()).permute(2, 0, 1)
 
 
@@ -75,7 +76,7 @@ def load_torchvision_cifar10(root: str | Path, train: bool, mirror_url: str | No
     try:
         ds = cls(root=str(root), train=train, download=True)
     except Exception as err:
-        raise RuntimeError(
+        raise SetupError(
             f"Could not download CIFAR-10 into {root} ({type(err).__name__}: {err}). Remedies: retry later "
             f"(the official host is often slow); pass mirror_url=<url of cifar-10-python.tar.gz> (CLI: "
             f"--data.mirror_url); put an image folder in place and set COURSE_DATA=<folder> (layout "
