@@ -2,7 +2,9 @@
 with SIGKILL, raced against each other and interrupted while exiting; in-process CLI calls for the error messages."""
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import os
 import shlex
 import signal
@@ -24,16 +26,39 @@ EPOCHS, BATCH, STEPS = 3, 8, 6  # the tiny folder's 48 training images: 6 steps 
 MID_EPOCH_2 = 8  # two batches into the second epoch
 
 
+def fit_env(build: Path, data_root: Path, folder: Path) -> dict[str, str]:
+    """The COURSE_* settings of the fits below: smoke size, the tiny folder, outputs in build."""
+    return {"COURSE_SIZE": "smoke", "COURSE_DATA": str(folder), "COURSE_DATA_ROOT": str(data_root),
+            "COURSE_BUILD": str(build)}
+
+
+def fit_args(*extra: str) -> list[str]:
+    """`fit` of LeNet for 3 epochs of 6 steps, then `extra`."""
+    return ["fit", "--config", LENET, "--model.num_classes", "3", "--trainer.max_epochs", str(EPOCHS),
+            "--data.batch_size", str(BATCH), *extra]
+
+
 def launch(build: Path, data_root: Path, folder: Path, *extra: str) -> subprocess.Popen:
     """Start `python -m course_lib fit` (LeNet, tiny folder, 3 epochs) with its outputs in build."""
-    env = {**os.environ, "COURSE_SIZE": "smoke", "COURSE_DATA": str(folder), "COURSE_DATA_ROOT": str(data_root),
-           "COURSE_BUILD": str(build), "OMP_NUM_THREADS": "1",
+    env = {**os.environ, **fit_env(build, data_root, folder), "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
-    args = ["fit", "--config", LENET, "--model.num_classes", "3", "--trainer.max_epochs", str(EPOCHS),
-            "--data.batch_size", str(BATCH), *extra]
     build.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen([sys.executable, "-m", "course_lib", *args], cwd=build, env=env,
+    return subprocess.Popen([sys.executable, "-m", "course_lib", *fit_args(*extra)], cwd=build, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def fit_here(build: Path, data_root: Path, folder: Path) -> tuple[int, str, str]:
+    """launch()'s fit through main() in this process (no interpreter to start): its exit code and output."""
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as env, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        for name, value in fit_env(build, data_root, folder).items():
+            env.setenv(name, value)
+        try:
+            main(fit_args())
+            code = 0
+        except SystemExit as stop:
+            code = stop.code
+    return code, out.getvalue(), err.getvalue()
 
 
 def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
@@ -65,8 +90,8 @@ def load(path: Path) -> dict:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_folder):
     """Three fits at once (one thread each): one killed with SIGKILL mid-epoch 2, one interrupted by Ctrl+C and again
-    while exiting, one paused mid-epoch 2 while a second fit of its folder starts and then stopped by SIGTERM; then
-    the killed and the stopped runs resumed."""
+    while exiting, one paused mid-epoch 2 while a second fit of its folder is tried (in this process: the lock is the
+    OS's, across processes) and then stopped by SIGTERM; then the killed and the stopped runs resumed."""
     root = tmp_path_factory.mktemp("robust")
     data, builds = root / "data", {k: root / k / "build" for k in ("killed", "held", "exiting")}
     marks = {k: root / f"{k}.paused" for k in builds}
@@ -87,7 +112,7 @@ def runs(tmp_path_factory, tiny_folder):
     procs["exiting"].send_signal(signal.SIGINT)
     out["exiting"] = finish(procs["exiting"])
     wait_for(marks["held"], procs["held"])
-    out["second"] = finish(launch(builds["held"], data, tiny_folder))  # same run folder, while the first runs
+    out["second"] = fit_here(builds["held"], data, tiny_folder)  # same run folder, while the first runs
     out["held_pid"] = procs["held"].pid
     procs["held"].send_signal(signal.SIGTERM)
     out["held"] = finish(procs["held"])
@@ -155,7 +180,6 @@ def trained(runs, monkeypatch):
     monkeypatch.setenv("COURSE_SIZE", "smoke")
     monkeypatch.setenv("COURSE_BUILD", str(build))
     monkeypatch.setenv("COURSE_DATA_ROOT", str(runs["data"]))
-    monkeypatch.setattr(sys, "argv", ["course_lib"])  # pytest's own flags are not the CLI's
     return ckpt_dir(build) / "last.ckpt"
 
 
@@ -216,8 +240,7 @@ def test_split_folder_missing_a_class_is_labelled_by_name(make_folder, tmp_path)
         CIFAR10DataModule(image_folder=str(tmp_path / "e"), data_dir=str(tmp_path / "cache")).setup("test")
 
 
-def test_flags_before_config_still_override_it(monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["course_lib"])
+def test_flags_before_config_still_override_it(capsys):
     code, out, _ = run_main(capsys, "fit", "--data.batch_size", "8", "--model.lr", "0.001", "--config", LENET,
                             "--print_config")
     cfg = yaml.safe_load(out)
@@ -227,7 +250,6 @@ def test_flags_before_config_still_override_it(monkeypatch, capsys):
 @pytest.mark.parametrize("size", ["0", "-1"])
 def test_batch_size_below_one_is_one_clear_error(size, tiny_folder, monkeypatch, capsys):
     monkeypatch.setenv("COURSE_DATA", str(tiny_folder))
-    monkeypatch.setattr(sys, "argv", ["course_lib"])
     code, _, err = run_main(capsys, "fit", "--config", LENET, "--data.batch_size", size, "--run_name", "bs")
     assert code == 1 and f"--data.batch_size {size}" in err and "Traceback" not in err
 
@@ -257,7 +279,6 @@ def test_truncated_and_unsafe_checkpoints_are_named_with_a_remedy(trained, tmp_p
 def test_course_data_naming_a_non_tensor_pt_file_is_one_clear_error(tmp_path, monkeypatch, capsys):
     """A .pt that is not the course's tensor file (a list; a pickled object) names itself and COURSE_DATA, and never
     suggests weights_only=False."""
-    monkeypatch.setattr(sys, "argv", ["course_lib"])
     for name, obj in (("list.pt", [1, 2, 3]), ("object.pt", Payload(tmp_path / "executed"))):
         torch.save(obj, tmp_path / name)
         monkeypatch.setenv("COURSE_DATA", str(tmp_path / name))
