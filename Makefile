@@ -62,10 +62,14 @@ lock:
 course: $(STAMP)
 	COURSE_SIZE=$${COURSE_SIZE:-full} $(BIN)/python -m course_lib.runner
 
-## Lint, then the unit tests plus every notebook through nbval, in smoke size; the 15 slowest tests listed at the end.
+# make test's workers: one per core, at most 4 (pytest-xdist; each test file, and each notebook, runs in one worker)
+TEST_WORKERS ?= auto --maxprocesses=4
+
+## Lint, then the unit tests plus every notebook through nbval, in smoke size, the files side by side on the cores
+## (make test TEST_WORKERS=0 runs them in one process); the 15 slowest tests listed at the end.
 test: $(STAMP)
 	$(BIN)/ruff check course_lib scripts tests
-	COURSE_SIZE=smoke $(BIN)/python -m pytest -q --durations=15
+	COURSE_SIZE=smoke $(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile
 
 ## The developer's inner loop: lint, then the tests not marked slow (nothing that trains,
 ## starts a Python process or executes a notebook: tests/conftest.py's SLOW). make test still runs everything.

@@ -52,6 +52,9 @@ CPU_EMULATED_BF16 = "cpu without native bf16"
 # full is the real thing.
 LESSON_SCALES = {
     ("04_mixed_precision", "smoke", "cpu"): dict(width=0.25),  # ResNet-9 at 16 channels
+    # smoke checks the code: emulated bf16 gets a quarter of the images and half the timed steps
+    ("04_mixed_precision", "smoke", CPU_EMULATED_BF16): dict(train_subset=512, eval_subset=256, width=0.25,
+                                                            bench_steps=3),
     ("03_gpu_and_data", "full", "cpu"): dict(bench_steps=50),  # 6 rounds of 50 steps: 3 rounds of 100's time
     ("04_mixed_precision", "full", "cpu"): dict(train_subset=10_000, width=0.25, bench_steps=50),  # 16 channels
     # emulated bf16 steps take about 12x fp32's on an AVX2 CPU, so 04's bf16 rows get a fifth of the steps there

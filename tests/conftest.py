@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from course_lib import config, jpeg, runs
+from course_lib.sources import load_image_folder
 
 REPO = Path(__file__).resolve().parents[1]
 FORK_RULE = REPO / "tests" / "gpu_fork_rule"  # its sitecustomize.py: a fork after a backward fails, as with a GPU
@@ -33,6 +34,14 @@ def load_fork_rule():
         spec.loader.exec_module(module)
     return module
 
+
+# make test runs the test files side by side (pytest-xdist: -n auto --dist loadfile). Each worker, and every process
+# it starts (nbval's kernels, spawned workers, scripts), gets its share of the cores, as Lightning gives each DDP
+# process: without it, each would start a thread per core and they would fight over the cores.
+XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if XDIST_WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // XDIST_WORKERS))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # on for the whole run, here and (through PYTHONPATH) in every child: nbval's kernels, spawned workers, torchrun ranks
 os.environ["PYTHONPATH"] = os.pathsep.join([str(FORK_RULE), *filter(None, [os.environ.get("PYTHONPATH")])])
@@ -231,6 +240,13 @@ def tiny_folder(tmp_path_factory, make_folder) -> Path:
     root = tmp_path_factory.mktemp("tiny")
     make_folder(root / "train")
     return root
+
+
+@pytest.fixture(scope="session")
+def real(tiny_folder, session_data_root):
+    """tiny_folder's 60 real CIFAR-10 images (3 classes) as uint8 (N, 3, 32, 32) and their labels, decoded once."""
+    data = load_image_folder(tiny_folder / "train", session_data_root / "cache")
+    return data["images"], data["labels"]
 
 
 @pytest.fixture(scope="session")

@@ -11,19 +11,12 @@ import torch
 from course_lib import optim, speedrun
 from course_lib.data import to_float
 from course_lib.models import AirNet, init_whitening
-from course_lib.sources import load_image_folder
 from course_lib.speedrun import Recipe
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import airbench_port as ab  # noqa: E402
 
 SMALL = (8, 16, 16)
-
-
-@pytest.fixture(scope="module")
-def real(tiny_folder, session_data_root):
-    data = load_image_folder(tiny_folder / "train", session_data_root / "cache")
-    return data["images"], data["labels"]
 
 
 def course_state(port) -> dict:

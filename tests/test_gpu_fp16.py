@@ -1,23 +1,15 @@
 """A T4 (compute capability 7.5, no bf16): the policy picks 16-mixed, and lesson 08's Lightning module and its plain
 twin both train in fp16 with a GradScaler. Emulated on the CPU, whose autocast supports float16."""
 import lightning as L
-import pytest
 import torch
 
 from course_lib import hardware, speedrun
 from course_lib.models import AirNet
 from course_lib.ondevice import AlternatingFlipTranslate, DeviceBatches
-from course_lib.sources import load_image_folder
 from course_lib.speedrun import Recipe, SpeedrunModule
 
 SMALL = (8, 16, 16)
 T4 = {"gpu": "Tesla T4", "compute_capability": "7.5", "bf16_native": False, "cpu_bf16_native": False}
-
-
-@pytest.fixture(scope="module")
-def real(tiny_folder, session_data_root):
-    data = load_image_folder(tiny_folder / "train", session_data_root / "cache")
-    return data["images"][:24], data["labels"][:24]
 
 
 def batches(images, labels):
@@ -28,7 +20,7 @@ def batches(images, labels):
 def test_t4_policy_trains_module_and_twin_in_fp16_with_a_grad_scaler(real, monkeypatch):
     """On a T4 the policy's choice is 16-mixed; the module (Lightning's fp16 plugin, not its silent bf16 swap on a
     CPU) and the twin (GradScaler) then train in fp16 and follow the same loss curve, which is not fp32's."""
-    images, labels = real
+    images, labels = real[0][:24], real[1][:24]
     recipe = Recipe(widths=SMALL, batch_size=8, whiten_bias_epochs=1)
     L.seed_everything(0, verbose=False)
     fp32 = speedrun.Twin(AirNet(SMALL), recipe).fit(batches(images, labels), 2, "32-true")["losses"]

@@ -20,7 +20,6 @@ from course_lib.loops import train_plain
 from course_lib.models import AirNet, LeNet, SimpleCNN
 from course_lib.modules import ImageClassifierModule
 from course_lib.ondevice import AlternatingFlipTranslate, DeviceBatches, RandomCropFlip
-from course_lib.sources import load_image_folder
 from course_lib.speedrun import Recipe, SpeedrunModule
 
 SMALL = (8, 16, 16)
@@ -32,12 +31,6 @@ SYNC_OPS = frozenset({"aten::_local_scalar_dense", "aten::nonzero", "aten::nonze
                       "aten::equal", "aten::repeat_interleave", "aten::bincount", "aten::histc"})
 NONE = {"reads": 0, "aten": 0}
 T4 = {"gpu": "Tesla T4", "compute_capability": "7.5", "bf16_native": False, "cpu_bf16_native": False}
-
-
-@pytest.fixture(scope="module")
-def real(tiny_folder, session_data_root):
-    data = load_image_folder(tiny_folder / "train", session_data_root / "cache")
-    return data["images"], data["labels"]
 
 
 @contextlib.contextmanager

@@ -11,17 +11,9 @@ from course_lib import experiments, optim, speedrun
 from course_lib.data import CIFAR10_MEAN, CIFAR10_STD, to_float
 from course_lib.models import WIDTHS, AirNet, count_parameters
 from course_lib.ondevice import AlternatingFlipTranslate, DeviceBatches, SpeedrunDataModule
-from course_lib.sources import load_image_folder
 from course_lib.speedrun import Recipe, SpeedrunModule
 
 SMALL = (8, 16, 16)  # a narrow AirNet: the same code path, a fraction of the compute
-
-
-@pytest.fixture(scope="module")
-def real(tiny_folder, session_data_root):
-    """60 real CIFAR-10 images (3 classes) as uint8 (N, 3, 32, 32) and labels."""
-    data = load_image_folder(tiny_folder / "train", session_data_root / "cache")
-    return data["images"], data["labels"]
 
 
 def train_batches(images, labels, batch_size, seed=0, translate=2):
