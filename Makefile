@@ -83,7 +83,7 @@ floor: $(FLOOR_VENV)/.installed
 	$(FLOOR_VENV)/bin/python -m pip install -q --no-deps --no-build-isolation -e .
 	$(FLOOR_VENV)/bin/python -m pip install -q --dry-run --ignore-installed --no-deps --only-binary=:all: \
 		--python-version 3.13 $(PY313_PLATFORMS) --target $(FLOOR_VENV)/py313 --require-hashes -r $(FLOOR_313)
-	COURSE_SIZE=smoke $(FLOOR_VENV)/bin/python -m pytest -q $(FLOOR_TESTS) notebooks/
+	COURSE_SIZE=smoke $(FLOOR_VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(FLOOR_TESTS) notebooks/
 
 $(FLOOR_VENV)/.installed: $(FLOOR)
 	test -x $(FLOOR_VENV)/bin/python || $(PYTHON) -m venv $(FLOOR_VENV)
