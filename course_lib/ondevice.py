@@ -6,6 +6,7 @@ from typing import Callable
 import torch
 
 from .data import CIFAR10_MEAN, CIFAR10_STD, CIFAR10DataModule, EpochSampler, augment_batch, crop_flip, to_float
+from .sampling import epoch_generator
 
 #: augment(x, idx, epoch): float (B, C, H, W) pixels in [0, 255], the images' dataset indices, the epoch -> batch
 Augment = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
@@ -36,7 +37,7 @@ class AlternatingFlipTranslate:
 
     def __call__(self, x: torch.Tensor, idx: torch.Tensor, epoch: int) -> torch.Tensor:
         if self._epoch != epoch:  # one draw and one host-to-device copy per epoch, then gathers on the device
-            g = torch.Generator().manual_seed(self.seed * 100_003 + epoch)  # CPU generator: same on any device
+            g = epoch_generator(self.seed, epoch)  # CPU generator: same on any device
             self._shifts = torch.randint(0, 2 * self.translate + 1, (2, self.n), generator=g).to(x.device)
             self._flips, self._epoch = self.flips(epoch).to(x.device), epoch
         return crop_flip(x, self._shifts[:, idx], self._flips[idx], self.translate, mode="reflect")

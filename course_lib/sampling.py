@@ -4,6 +4,13 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+EPOCH_STRIDE = 100_003  # a prime above any epoch count: (seed, epoch) pairs never share a generator seed
+
+
+def epoch_generator(seed: int, epoch: int) -> torch.Generator:
+    """The CPU generator of one (seed, epoch): the batch order and the augmentation draw from it, on any device."""
+    return torch.Generator().manual_seed(seed * EPOCH_STRIDE + epoch)
+
 
 class EpochSampler(Sampler[int]):
     """Shuffles with a generator seeded by (seed, epoch), so a resumed run sees the same order as an unbroken one."""
@@ -16,7 +23,7 @@ class EpochSampler(Sampler[int]):
 
     def permutation(self) -> torch.Tensor:
         """This epoch's order as an (n,) int64 CPU tensor."""
-        return torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 100_003 + self.epoch))
+        return torch.randperm(self.n, generator=epoch_generator(self.seed, self.epoch))
 
     def __iter__(self):
         return iter(self.permutation().tolist())
