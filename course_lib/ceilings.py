@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from . import config, hardware, results, runfolder, timing, verdict
+from . import config, hardware, results, timing, verdict
 
 MATMUL_N = {"cpu": 2048, "cuda": 8192}  # square side: enough multiply-adds to keep the matrix units busy
 SMOKE_MATMUL_N = 512  # smoke size: checks the code in a fraction of a second, not a ceiling to quote
@@ -199,7 +199,7 @@ def save(found: Ceilings) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     # atomic: a lesson loading the ceilings in another process (make test runs notebooks side by side) never reads
     # half a file
-    runfolder.write_atomically(target, json.dumps({**asdict(found), "time": time.strftime("%Y-%m-%d %H:%M:%S")},
+    config.write_atomically(target, json.dumps({**asdict(found), "time": time.strftime("%Y-%m-%d %H:%M:%S")},
                                                   indent=1))
     return target
 

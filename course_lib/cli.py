@@ -14,7 +14,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from . import config, hardware, runfolder, runs
+from . import config, hardware, internals, runfolder, runs
 from .arguments import check_config_files, configs_first, given_settings, resume_command
 from .data import CIFAR10DataModule
 from .errors import CourseError
@@ -24,7 +24,6 @@ from .runfolder import run_checkpoints
 __all__ = ["CourseCLI", "CourseError", "EpochLines", "log_defaults", "main", "run_checkpoints"]
 
 DEBUG_ENV = "COURSE_DEBUG"  # set to 1 (or pass --debug) for the full traceback of the course's own errors
-PRECISION_ALIASES = {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true"}  # Lightning's short names
 
 
 class EpochLines(L.Callback):
@@ -44,7 +43,7 @@ class EpochLines(L.Callback):
             self._resumed_at = 0
 
     def on_train_start(self, trainer, pl_module) -> None:
-        done = trainer.fit_loop.epoch_loop.batch_progress.current.completed if trainer.ckpt_path else 0
+        done = internals.epoch_batch_progress(trainer).completed if trainer.ckpt_path else 0
         self._resumed_at = done if 0 < done < trainer.num_training_batches else 0
         self._start = time.perf_counter() if self._resumed_at else None  # no epoch-start hook for a resumed epoch
 
@@ -195,7 +194,7 @@ class CourseCLI(LightningCLI):
     def _checked_precision(precision, accelerator):
         """An explicit precision goes through the course's policy (hardware.choose_precision): one this hardware lacks
         is an error naming the alternative, never Lightning's silent fallback (16-mixed on a CPU runs bf16)."""
-        name = PRECISION_ALIASES.get(str(precision), str(precision))
+        name = hardware.precision_name(precision)  # Lightning's short names too
         if precision is None or name not in hardware.PRECISIONS:
             return precision  # Lightning's default (32-true), or a setting the policy does not cover (64-true, ...)
         info = hardware.facts()

@@ -3,6 +3,7 @@ hardware (course_lib.hardware) at the top of every lesson."""
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -120,6 +121,24 @@ def build_dir() -> Path:
 def shared_data_folder() -> Path:
     """Where an instructor's or CI machine keeps CIFAR-10 as JPEG class folders: ../shared/data/cifar10-jpeg."""
     return Path(__file__).resolve().parents[2] / "shared" / "data" / "cifar10-jpeg"
+
+
+def unwritable(folder: Path, err: OSError, variable: str = BUILD_ENV) -> CourseError:
+    """The one message for an OS error on the course's own output or cache folders: the folder, the reason, and the
+    variable that moves it (COURSE_BUILD for runs, COURSE_DATA_ROOT for downloads and caches)."""
+    return CourseError(f"Cannot write to {folder} ({err.strerror or err}). Make it writable, or set {variable} to a "
+                       f"folder you can write to.")
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write a text file through a temporary file beside it and os.replace; OS errors name the folder."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", newline="") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as err:
+        raise unwritable(path.parent, err) from None
 
 
 def data_source(given: str | Path | None = None, *, need_files: bool = False) -> str | None:

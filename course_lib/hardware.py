@@ -119,7 +119,30 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-PRECISIONS = ("32-true", "16-mixed", "bf16-mixed")
+#: Lightning's precisions the course trains in: name -> (its short name, autocast's dtype or None, the number format
+#: whose peak it reaches, as flops' tables name it). The one home of precision names.
+PRECISION_FORMATS = {
+    "32-true": ("32", None, "fp32"),
+    "16-mixed": ("16", torch.float16, "fp16"),
+    "bf16-mixed": ("bf16", torch.bfloat16, "bf16"),
+}
+PRECISIONS = tuple(PRECISION_FORMATS)
+
+
+def precision_name(given) -> str:
+    """Lightning's full name of a precision given by its full or short name ("bf16" -> "bf16-mixed"); else as given."""
+    text = str(given)
+    return next((name for name, (short, _, _) in PRECISION_FORMATS.items() if text == short), text)
+
+
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    """The dtype autocast computes in under a Lightning precision; None for 32-true (no autocast)."""
+    return PRECISION_FORMATS[precision_name(precision)][1]
+
+
+def number_format(precision: str) -> str:
+    """The number format ("fp32", "fp16", "bf16") a Lightning precision's matrix products run in."""
+    return PRECISION_FORMATS[precision_name(precision)][2]
 
 
 def choose_precision(requested: str | None = None, info: dict | None = None) -> str:

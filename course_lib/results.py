@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from . import config, hardware
-from .runfolder import write_atomically
+from .config import write_atomically
 
 
 def file_name(text: str) -> str:

@@ -32,20 +32,13 @@ LOCK_NAME = ".run.lock"  # in the run folder; its text names the process that ho
 SPLIT_KEYS = ("seed", "val_fraction", "test_fraction", "subset", "eval_subset")  # what decides the held-out images
 
 
-def unwritable(folder: Path, err: OSError, variable: str = config.BUILD_ENV) -> CourseError:
-    """The one message for an OS error on the course's own output or cache folders: the folder, the reason, and the
-    variable that moves it (COURSE_BUILD for runs, COURSE_DATA_ROOT for downloads and caches)."""
-    return CourseError(f"Cannot write to {folder} ({err.strerror or err}). Make it writable, or set {variable} to a "
-                       f"folder you can write to.")
-
-
 def writable(folder: Path) -> Path:
     """The folder, created if needed, after a probe write; an OS error names it and the variable that sets it."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as err:
-        raise unwritable(folder, err) from None
+        raise config.unwritable(folder, err) from None
     return folder
 
 
@@ -70,7 +63,7 @@ class RunLock:
             self.folder.mkdir(parents=True, exist_ok=True)
             handle = open(self.folder / LOCK_NAME, "a+")  # noqa: SIM115 - kept open: the lock lives with it
         except OSError as err:
-            raise unwritable(self.folder, err) from None
+            raise config.unwritable(self.folder, err) from None
         try:
             if fcntl:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -108,7 +101,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         except OSError as err:
-            raise unwritable(path.parent, err) from None
+            raise config.unwritable(path.parent, err) from None
         try:
             with os.fdopen(fd, "wb") as f:
                 torch.save(checkpoint, f)
@@ -118,17 +111,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write a text file through a temporary file beside it and os.replace; OS errors name the folder."""
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", newline="") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as err:
-        raise unwritable(path.parent, err) from None
 
 
 class PredictionCSV(BasePredictionWriter):
@@ -151,7 +133,7 @@ class PredictionCSV(BasePredictionWriter):
         out.writerows([name, classes[i], f"{c:.4f}"] for name, i, c in zip(names, index.tolist(),
                                                                             confidence.tolist()))
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(self.path, rows.getvalue())
+        config.write_atomically(self.path, rows.getvalue())
         print(f"Predictions for {len(probs)} images written to {self.path}", flush=True)
 
 

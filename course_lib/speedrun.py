@@ -124,9 +124,6 @@ def tta_logits(model: nn.Module, x: torch.Tensor, level: int = 2) -> torch.Tenso
     return 0.5 * logits + 0.5 * shifted
 
 
-AMP_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}  # autocast's dtype per Lightning precision
-
-
 @torch.no_grad()
 def evaluate_tta(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, level: int = 2,
                  batch_size: int = 1000, precision: str = "32-true") -> float:
@@ -134,7 +131,7 @@ def evaluate_tta(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *
     Autocast in `precision`'s dtype (a Lightning precision), as training ran."""
     if level not in (0, 1, 2):
         raise ValueError(f"TTA level must be 0 (none), 1 (mirror) or 2 (mirror + shifts), got {level}.")
-    dtype = AMP_DTYPES.get(precision)
+    dtype = hardware.autocast_dtype(precision)
     was_training, acc = model.training, top1_accuracy().to(images.device)
     model.eval()
     with torch.autocast(images.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
@@ -251,7 +248,8 @@ class Twin:
         if batches.batch_size != r.batch_size:
             raise ValueError(f"The batches hold {batches.batch_size} images but the recipe's batch_size is "
                              f"{r.batch_size}: pass Recipe(batch_size={batches.batch_size}, ...).")
-        dtype, device, net = AMP_DTYPES.get(precision), batches.images.device, self.net.to(batches.images.device)
+        dtype, device = hardware.autocast_dtype(precision), batches.images.device
+        net = self.net.to(device)
         # fp16 (a T4's choice) needs loss scaling, as Lightning's 16-mixed does: GradScaler on this device type
         scaler = torch.amp.GradScaler(device.type, enabled=precision == "16-mixed")
         net.train()

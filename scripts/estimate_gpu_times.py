@@ -153,7 +153,7 @@ class Estimator:
         part, self.peaks, self.source = flops.gpu_peaks(spec["device_name"])
         self.part = part
         info = {"gpu": spec["device_name"], "bf16_native": spec["bf16_native"]}
-        self.mixed = {"bf16-mixed": "bf16", "16-mixed": "fp16"}[hardware.choose_precision(info=info)]
+        self.mixed = hardware.number_format(hardware.choose_precision(info=info))
         self.c = committed()
 
     def peak(self, precision: str) -> float:

@@ -21,7 +21,7 @@ def fake_ceilings(rate=1e11, bandwidth=1e10, per_op=1e-5, size="full") -> ceilin
     rows = {"matmul fp32": ceilings.Ceiling("matmul fp32", "compute", (rate,)),
             "memory": ceilings.Ceiling("memory", "memory", (bandwidth,)),
             "per op": ceilings.Ceiling("per op", "overhead", (per_op,))}
-    return ceilings.Ceilings("test machine", "cpu", size, 2, torch.__version__, rows)
+    return ceilings.Ceilings("test machine", "cpu", size, torch.get_num_threads(), torch.__version__, rows)
 
 
 # ---- counting -------------------------------------------------------------------------------------------------
