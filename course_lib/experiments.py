@@ -3,6 +3,7 @@ comparison and the FLOP summary."""
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from typing import Callable
 
 import lightning as L
@@ -49,8 +50,28 @@ def seed_runs(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, *, seeds:
     return done
 
 
+@dataclass(frozen=True)
+class TwinComparison:
+    """Lightning against its plain-PyTorch twin on one seed's batches: epoch times, loss and accuracy gaps."""
+
+    seed: int
+    ratio: float  # Lightning's steady epoch time / the twin's (> 1: the twin is faster)
+    lit_epoch_s: float  # median steady epoch, seconds
+    twin_epoch_s: float
+    twin_fit_s: float  # whitening init and training
+    twin_test_s: float  # test-time augmentation
+    twin_total_s: float
+    steady_from: int  # the first epoch counted as steady (epoch 0 holds warm-up and compilation)
+    first: int  # how many first steps loss_diff_first covers
+    loss_diff_first: float  # largest |Lightning loss - twin loss| over the first steps
+    loss_diff_all: float  # ... over all steps
+    lit_acc: float
+    twin_acc: float
+    twin: dict  # the twin's own fit result (losses, epoch_s)
+
+
 def compare_twin(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, run: dict, *, epochs: float,
-                 precision: str | None = None, twin: speedrun.Twin | None = None) -> dict:
+                 precision: str | None = None, twin: speedrun.Twin | None = None) -> TwinComparison:
     """Train the plain-PyTorch twin on the same seed and batches as `run`; epoch-time ratio, loss and accuracy gaps.
 
     twin: a speedrun.Twin to reuse (fresh weights for the seed are loaded into its net, so a compiled one stays
@@ -77,11 +98,12 @@ def compare_twin(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, run: d
     acc = speedrun.evaluate_tta(twin.forward, dm.test_set.images, dm.test_set.labels, level=recipe.tta_level,
                                 batch_size=dm.eval_batch_size, precision=precision)
     tested = clock.mark()
-    return {"ratio": lit_epoch / twin_epoch, "lit_epoch_s": lit_epoch, "twin_epoch_s": twin_epoch,
-            "twin_fit_s": clock.seconds(start, fitted), "twin_test_s": clock.seconds(fitted, tested),
-            "twin_total_s": clock.seconds(start, tested), "seed": run["seed"],
-            "steady_from": steady.start or 0, "loss_diff_first": diff[:first].max().item(), "first": first,
-            "loss_diff_all": diff.max().item(), "twin_acc": acc, "lit_acc": run["acc"], "twin": result}
+    return TwinComparison(
+        seed=run["seed"], ratio=lit_epoch / twin_epoch, lit_epoch_s=lit_epoch, twin_epoch_s=twin_epoch,
+        twin_fit_s=clock.seconds(start, fitted), twin_test_s=clock.seconds(fitted, tested),
+        twin_total_s=clock.seconds(start, tested), steady_from=steady.start or 0, first=first,
+        loss_diff_first=diff[:first].max().item(), loss_diff_all=diff.max().item(), lit_acc=run["acc"], twin_acc=acc,
+        twin=result)
 
 
 def flop_summary(*, widths: tuple[int, int, int], batch_size: int, steps: int, epoch_s: float,

@@ -165,7 +165,7 @@ def part_b(module, dm, report, *, seeds, epochs, precision, deadline, head, key=
     return trials
 
 
-def part_c(module, dm, report, *, trials, epochs, precision, deadline, head) -> list[dict]:
+def part_c(module, dm, report, *, trials, epochs, precision, deadline, head) -> list[experiments.TwinComparison]:
     torch.manual_seed(1000)  # warm-up twin: compiles its graphs, so the timed runs exclude compilation
     twin = speedrun.Twin(models.AirNet(module.recipe.widths), module.recipe)  # compiled once
     twin.fit(dm.train_dataloader(), epochs, precision)
@@ -180,12 +180,12 @@ def part_c(module, dm, report, *, trials, epochs, precision, deadline, head) -> 
         report.set("c", head + table(
             ["seed", "twin accuracy (TTA)", "Lightning accuracy", "twin total", "Lightning total",
              "Lightning / twin epoch (median, epochs 1+)", "largest loss difference, first 10 steps"],
-            [[str(t["seed"]), f"{t['twin_acc']:.2%}", f"{t['lit_acc']:.2%}", f"{t['twin_total_s']:.3f} s",
-              f"{r['total_s']:.3f} s", f"{t['ratio']:.3f}x", f"{t['loss_diff_first']:.2e}"]
+            [[str(t.seed), f"{t.twin_acc:.2%}", f"{t.lit_acc:.2%}", f"{t.twin_total_s:.3f} s",
+              f"{r['total_s']:.3f} s", f"{t.ratio:.3f}x", f"{t.loss_diff_first:.2e}"]
              for t, r in zip(twins, trials)]) + [
-            figure("accuracy", pct(t["twin_acc"] for t in twins), "{:.2f}", " %"),
-            figure("time (whitening + training + TTA)", [t["twin_total_s"] for t in twins]),
-            figure("Lightning / twin epoch time (target <= 1.05x)", [t["ratio"] for t in twins], unit="x")])
+            figure("accuracy", pct(t.twin_acc for t in twins), "{:.2f}", " %"),
+            figure("time (whitening + training + TTA)", [t.twin_total_s for t in twins]),
+            figure("Lightning / twin epoch time (target <= 1.05x)", [t.ratio for t in twins], unit="x")])
     return twins
 
 
@@ -242,7 +242,7 @@ def summary(report, a, b, c) -> None:
     ratio, diff = verdict.mean_ratio, verdict.mean_diff
     b_acc, b_time = pct(r["acc"] for r in b), [r["total_s"] for r in b]
     a_acc, a_time = pct(r["acc"] for r in a), [r["time_s"] for r in a]
-    c_acc, c_time = pct(t["twin_acc"] for t in c), [t["twin_total_s"] for t in c]
+    c_acc, c_time = pct(t.twin_acc for t in c), [t.twin_total_s for t in c]
     lines = ["## Comparison", "", "Ratios of mean times to a tested net and differences of mean accuracy:", ""]
     if a and b:
         lines += [f"- time, Lightning recipe (b) / airbench94 (a): {ratio(a_time, b_time)}",
