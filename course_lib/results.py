@@ -1,6 +1,8 @@
 """Measured results, written and read in one place: a lesson's figures (build/results/<lesson>.json, which the
-course summary lists), its benchmark rows (build/results/bench-<lesson>.json), and the markdown reports the GPU
-scripts write (docs/results/<gpu>*.md, or build/<script>-dryrun.md without a GPU), with their one file naming."""
+course summary lists), its benchmark rows (build/results/bench-<lesson>.json), the markdown reports the GPU
+scripts write (docs/results/<gpu>*.md, or build/<script>-dryrun.md without a GPU), with their one file naming, and
+the plain writers and readers (text, JSON, JSON lines, a marked block of a markdown file) every other results file
+goes through: each write is atomic (config.write_atomically) and creates its folder."""
 from __future__ import annotations
 
 import json
@@ -11,11 +13,66 @@ from pathlib import Path
 
 from . import config, hardware
 from .config import write_atomically
+from .errors import CourseError
 
 
 def file_name(text: str) -> str:
     """`text` (a GPU's name, say) as a file name: runs of anything but letters, digits, '.', '-', '_' become '_'."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text.strip())
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """Write a results file whole (its folder created; atomic: a reader in another process never sees half a file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, text)
+    return path
+
+
+def write_json(path: str | Path, data) -> Path:
+    """`data` as an indented JSON results file (write_text)."""
+    return write_text(path, json.dumps(data, indent=1))
+
+
+def read_json(path: str | Path, default=None):
+    """A JSON results file's content, or `default` where the file does not exist."""
+    path = Path(path)
+    return json.loads(path.read_text()) if path.exists() else default
+
+
+def append_row(path: str | Path, row: dict) -> None:
+    """Add one JSON line to a runs file (one row per run; earlier rows are kept)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    """The rows of a JSON-lines runs file, in the order appended ([] where it does not exist)."""
+    path = Path(path)
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+
+
+def block_markers(name: str) -> tuple[str, str]:
+    """The two comment lines that enclose a generated block of a markdown file (invisible when rendered)."""
+    return f"<!-- {name}: start (generated; do not edit by hand) -->", f"<!-- {name}: end -->"
+
+
+def replace_block(path: str | Path, name: str, lines: list[str]) -> Path:
+    """Replace the lines between block `name`'s markers in a markdown file with `lines`; the rest stays as it is."""
+    path = Path(path)
+    text, (start, end) = path.read_text().splitlines(), block_markers(name)
+    if start not in text or end not in text:
+        raise CourseError(f"{path} has no block {name!r}: put the lines {start!r} and {end!r} where it goes.")
+    i, j = text.index(start), text.index(end)
+    return write_text(path, "\n".join([*text[:i + 1], *lines, *text[j:]]) + "\n")
+
+
+def read_block(path: str | Path, name: str) -> list[str]:
+    """The lines between block `name`'s markers in a markdown file ([] where it has none)."""
+    text, (start, end) = Path(path).read_text().splitlines(), block_markers(name)
+    return text[text.index(start) + 1:text.index(end)] if start in text and end in text else []
 
 
 def figures_file(lesson: str) -> Path:
@@ -25,18 +82,15 @@ def figures_file(lesson: str) -> Path:
 
 def record(lesson: str, name: str, value: float, unit: str = "", note: str = "") -> None:
     """Append one measured figure, with size and hardware, to the lesson's figures file (a re-run replaces it)."""
-    path = figures_file(lesson)
-    path.parent.mkdir(parents=True, exist_ok=True)
     rows = [r for r in load(lesson) if r["name"] != name]  # re-running a cell replaces its figure
     rows.append({"name": name, "value": float(value), "unit": unit, "note": note, "size": config.run_size().name,
                  "hardware": hardware.label(), "time": time.strftime("%Y-%m-%d %H:%M:%S")})
-    write_atomically(path, json.dumps(rows, indent=1))  # a reader in another process never sees half a file
+    write_json(figures_file(lesson), rows)
 
 
 def load(lesson: str) -> list[dict]:
     """The figures recorded for a lesson, in the order recorded, or [] if it has not run."""
-    path = figures_file(lesson)
-    return json.loads(path.read_text()) if path.exists() else []
+    return read_json(figures_file(lesson), [])
 
 
 def clear(lesson: str) -> None:
@@ -47,10 +101,8 @@ def clear(lesson: str) -> None:
 def save_rows(rows: list[dict], lesson: str, path: str | Path | None = None) -> Path:
     """Benchmark rows with hardware and versions to build/results/bench-<lesson>.json (or `path`), and each row's
     images/s recorded as one of the lesson's figures."""
-    path = Path(path or config.build_dir() / "results" / f"bench-{file_name(lesson)}.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, json.dumps({"lesson": lesson, "size": config.run_size().name, "hardware": hardware.facts(),
-                                       "rows": rows}, indent=1))
+    path = write_json(path or config.build_dir() / "results" / f"bench-{file_name(lesson)}.json",
+                      {"lesson": lesson, "size": config.run_size().name, "hardware": hardware.facts(), "rows": rows})
     for r in rows:
         record(lesson, f"{r['name']} images/s", r["images_per_s"], "images/s",
                f"batch {r['batch_size']}, {r['precision']}, median step {r['step_ms']:.3g} ms")
@@ -75,10 +127,7 @@ def write_report(path: str | Path, title: str, lines: list[str], info: dict | No
     command = " ".join(["python", *sys.argv]) if sys.argv and sys.argv[0] else "(interactive)"
     text = [f"# {title}", "", f"Command: `{command}`", "", f"Hardware: {hardware.label(info)}", "", *lines,
             "", "Versions and hardware facts: " + ", ".join(f"{k} {v}" for k, v in info.items())]
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, "\n".join(text) + "\n")
-    return path
+    return write_text(path, "\n".join(text) + "\n")
 
 
 class Report:

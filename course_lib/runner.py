@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -104,13 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'pass' if rows[-1]['ok'] else 'FAIL'} in {rows[-1]['seconds']:.0f} s"
               + (f": {rows[-1]['error']}" if rows[-1]["error"] else ""), flush=True)
     record = config.build_dir() / "summary.json"  # every lesson's latest row, so partial runs merge
-    previous = json.loads(record.read_text()) if record.exists() else None
-    ran, rows = rows, merge_rows(previous, rows, size, machine)
-    record.parent.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps({"size": size, "hardware": machine, "time": time.strftime("%Y-%m-%d %H:%M"),
-                                  "rows": rows}, indent=1))
+    ran, rows = rows, merge_rows(results.read_json(record), rows, size, machine)
+    results.write_json(record, {"size": size, "hardware": machine, "time": time.strftime("%Y-%m-%d %H:%M"),
+                                "rows": rows})
     summary = summary_markdown(rows, size, machine)
-    (config.build_dir() / "summary.md").write_text(summary)
+    results.write_text(config.build_dir() / "summary.md", summary)
     print("\n" + summary + f"\nExecuted notebooks and this summary are in {config.build_dir()}/")
     return 0 if all(r["ok"] for r in ran) else 1
 

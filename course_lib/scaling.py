@@ -4,7 +4,6 @@ processes)."""
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -13,7 +12,7 @@ from pathlib import Path
 import torch
 from lightning.fabric.accelerators.cuda import num_cuda_devices
 
-from . import bench, config, hardware, runs
+from . import bench, config, hardware, results, runs
 from .modules import ImageClassifierModule
 from .timing import BenchCallback
 
@@ -28,11 +27,11 @@ class DDPBenchCallback(BenchCallback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         if trainer.is_global_zero:  # BenchCallback's figures already count every process (rate x world)
-            self.out.write_text(json.dumps(super().summary(pl_module.device)))
+            results.write_json(self.out, super().summary(pl_module.device))
 
     def summary(self, device: torch.device) -> dict | None:
         """The row rank 0 wrote, or None."""
-        return json.loads(self.out.read_text()) if self.out.exists() else None
+        return results.read_json(self.out)
 
 
 def measure(make, *, devices: int, accelerator: str = "cpu", strategy: str = "auto", warmup: int = 3,
@@ -53,7 +52,10 @@ def measure_script(devices: int, out: str | Path, timeout: float = 900, **opts) 
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=config.child_env())
     if res.returncode:
         raise RuntimeError(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}")
-    return json.loads(Path(out).read_text())
+    row = results.read_json(out)
+    if row is None:
+        raise RuntimeError(f"{' '.join(cmd)} exited cleanly but wrote no row to {out} (rank 0 writes it).")
+    return row
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -74,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     row = measure(make, devices=a.devices, accelerator=a.accelerator, strategy="ddp" if a.devices > 1 else "auto",
                   warmup=a.warmup, steps=a.steps, precision=a.precision)
     if row:
-        Path(a.out).write_text(json.dumps(row))
+        results.write_json(a.out, row)
 
 
 if __name__ == "__main__":

@@ -145,7 +145,7 @@ FINDINGS = "<!-- findings: written by hand; kept when --report rewrites the file
 def report(path: Path, out: Path) -> Path:
     """Group the runs by configuration; one table row per (settings, implementation, extras). Text after the
     FINDINGS marker in an existing `out` is kept."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = results.read_rows(path)
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((json.dumps(r["settings"], sort_keys=True), r["impl"], r["extras"]), []).append(r)
@@ -224,7 +224,6 @@ def main() -> int:
         p.error("--impl is required (or --report)")
     torch.set_num_threads(max(1, torch.get_num_threads()))
     dm = datamodule(args)
-    args.runs.parent.mkdir(parents=True, exist_ok=True)
     run_seeds(dm, args, run_course if args.impl == "course" else run_port, settings(args),
               label=f"{args.impl} extras {args.extras}", extras=args.extras)
     return 0
@@ -240,8 +239,7 @@ def run_seeds(dm, args, run, settings: dict, *, label: str, **fields) -> None:
         row = {"impl": args.impl, **fields, "seed": seed, **got, "wall_s": time.perf_counter() - start,
                "settings": settings, "train_images": len(dm.train_set), "test_images": len(dm.test_set),
                "commit": commit(), "command": command, "hardware": hardware.label()}
-        with args.runs.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        results.append_row(args.runs, row)
         print(f"{label} seed {seed}: {got['acc']:.2%} with TTA, {got['acc_no_tta']:.2%} without, "
               f"{got['time_s']:.1f} s ({row['wall_s']:.1f} s wall)", flush=True)
 

@@ -56,7 +56,7 @@ def run_port(dm, args, seed: int) -> dict:
 
 def report(path: Path, out: Path, note: str = "") -> Path:
     """One row per (settings, implementation); the course - port gaps judged by verdict.direction."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = results.read_rows(path)
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((json.dumps(r["settings"], sort_keys=True), r["impl"]), []).append(r)
@@ -111,7 +111,6 @@ def main() -> int:
     if args.impl is None:
         p.error("--impl is required (or --report)")
     dm = datamodule(args)
-    args.runs.parent.mkdir(parents=True, exist_ok=True)
     ns_dtype = str(muon.iteration_dtype("cpu")).removeprefix("torch.")
     settings = {"subset": args.subset, "widths": list(args.widths), "batch": args.batch, "epochs": args.epochs,
                 "ns_dtype": ns_dtype}
