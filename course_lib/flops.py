@@ -1,5 +1,5 @@
 """FLOPs of a training step (Lightning's measure_flops on the meta device) against the GPU's dense peak per precision:
-the peak table with its sources, and achieved TFLOP/s as a fraction of it."""
+the peak table with its sources, the one decider of a peak (peak), and achieved TFLOP/s as a fraction of it."""
 from __future__ import annotations
 
 import copy
@@ -51,25 +51,34 @@ def gpu_peaks(name: str | None) -> tuple[str, dict, str] | None:
                  if name and re.search(pattern, name)), None)
 
 
-def peak_tflops(info: dict | None = None, precision: str = "bf16") -> float | None:
-    """Dense peak of this machine's GPU in `precision` (fp32, tf32, fp16, bf16, fp8), from GPU_PEAKS; None on a CPU,
-    an unlisted GPU or a precision without a sourced figure."""
-    found = gpu_peaks((info or hardware.facts()).get("gpu"))
-    return found[1].get(precision) if found else None
+def peak(info: dict | None = None, precision: str = "bf16") -> tuple[float | None, str]:
+    """The one decider of a GPU's peak: (TFLOP/s or None, where it comes from, or why there is none), in `precision`
+    (fp32, tf32, fp16, bf16, fp8) for info's GPU (hardware.facts() unless given), from GPU_PEAKS only.
 
-
-def peak_text(info: dict | None = None, precision: str = "bf16") -> str:
-    """Where the peak comes from, or a clear 'no peak known' naming the GPU and the table."""
+    Not from Lightning's get_available_flops (lightning 2.6), neither first nor as a fallback: its table mixes dense
+    and with-sparsity figures (H200 bf16 2,000 TFLOP/s is the sparse one, H100 SXM's 989 the dense), its name
+    matching gives an L40S the L4's row (any name containing "l4") and knows no "NVIDIA H200", it has no fp8, and it
+    reads the live device (CUDA starts: ddp_notebook could no longer fork). Lesson 02 calls it only to explain why
+    ThroughputMonitor, which divides by it, reports an MFU or not."""
     gpu = (info or hardware.facts()).get("gpu")
     found = gpu_peaks(gpu)
     if found and precision in found[1]:
-        return f"{found[1][precision]:g} TFLOP/s dense {precision} on the {found[0]} ({found[2]})"
-    return (f"no {precision} peak known for {gpu or 'this CPU'} (flops.GPU_PEAKS lists "
-            f"{', '.join(part for _, part, _, _ in GPU_PEAKS)})")
+        return found[1][precision], f"{found[1][precision]:g} TFLOP/s dense {precision} on the {found[0]} ({found[2]})"
+    return None, (f"no {precision} peak known for {gpu or 'this CPU'} (flops.GPU_PEAKS lists "
+                  f"{', '.join(part for _, part, _, _ in GPU_PEAKS)})")
+
+
+def peak_tflops(info: dict | None = None, precision: str = "bf16") -> float | None:
+    """peak()'s TFLOP/s: None on a CPU, an unknown GPU or a precision without a figure."""
+    return peak(info, precision)[0]
+
+
+def peak_text(info: dict | None = None, precision: str = "bf16") -> str:
+    """peak()'s source line, or a clear 'no peak known' naming the GPU and the table."""
+    return peak(info, precision)[1]
 
 
 def achieved(flops: float, seconds: float, info: dict | None = None, precision: str = "bf16") -> dict:
     """Achieved TFLOP/s for `flops` done in `seconds`, and its fraction of the dense peak in `precision` if known."""
-    tflops, peak = flops / seconds / 1e12, peak_tflops(info, precision)
-    return {"tflops": tflops, "peak_tflops": peak, "fraction_of_peak": tflops / peak if peak else None,
-            "peak_text": peak_text(info, precision)}
+    tflops, (top, text) = flops / seconds / 1e12, peak(info, precision)
+    return {"tflops": tflops, "peak_tflops": top, "fraction_of_peak": tflops / top if top else None, "peak_text": text}

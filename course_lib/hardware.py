@@ -58,6 +58,16 @@ def cpu_int8_native() -> bool:
     return bool(cpu_flags() & set(CPU_INT8_FLAGS))
 
 
+def gpu_count() -> int:
+    """The one answer to 'is there a GPU?': how many CUDA GPUs this process can see (0 on a CPU-only machine or build).
+
+    torch.cuda.device_count() asks NVML, which opens no CUDA context; torch.cuda.is_available() calls
+    cudaGetDeviceCount, which initialises the CUDA driver (cuInit) in this process, after which ddp_notebook's forked
+    workers cannot use the GPU (torch's "poisoned fork"). check_cuda, which must know whether CUDA works, asks
+    is_available in a child process."""
+    return torch.cuda.device_count()
+
+
 def facts() -> dict:
     """What this machine is: CPU, GPU, native bf16, and library versions."""
     import lightning
@@ -74,7 +84,7 @@ def facts() -> dict:
         "torchvision": torchvision.__version__,
         "lightning": lightning.__version__,
     }
-    if torch.cuda.device_count() > 0:  # asks NVML: does not initialise CUDA, so ddp_notebook can still fork
+    if gpu_count() > 0:
         found.update(_gpu_info())
     return found
 
@@ -102,7 +112,7 @@ def _gpu_info() -> dict:
 def _gpu_info_here() -> dict:
     """GPU facts from this process (initialises CUDA)."""
     props = torch.cuda.get_device_properties(0)
-    return {"gpu": props.name, "gpu_count": torch.cuda.device_count(),
+    return {"gpu": props.name, "gpu_count": gpu_count(),
             "gpu_memory_gib": round(props.total_memory / 2**30, 1),
             "compute_capability": f"{props.major}.{props.minor}",
             "bf16_native": torch.cuda.is_bf16_supported(including_emulation=False), "cuda": torch.version.cuda}
@@ -246,7 +256,7 @@ def check_devices(accelerator, devices) -> None:
     """Fail early, naming the remedy, when a launch asks for more GPUs than this machine has."""
     if not isinstance(accelerator, str) or not str(devices).isdigit():
         return  # "auto", -1, lists and Accelerator objects: Lightning resolves and checks those itself
-    want, have, acc = int(devices), torch.cuda.device_count(), accelerator.lower()
+    want, have, acc = int(devices), gpu_count(), accelerator.lower()
     if (acc in ("gpu", "cuda") or (acc == "auto" and have)) and want > have:
         use_here = (f"Pass --trainer.devices {have} to use the GPUs here" if have else
                     "Check that the GPU driver works (nvidia-smi) and CUDA_VISIBLE_DEVICES is not empty")

@@ -5,6 +5,7 @@ from typing import Callable
 
 import torch
 
+from . import hardware
 from .data import CIFAR10_MEAN, CIFAR10_STD, CIFAR10DataModule, EpochSampler, augment_batch, crop_flip, to_float
 from .sampling import epoch_generator
 
@@ -117,7 +118,7 @@ class DeviceCIFAR10DataModule(CIFAR10DataModule):
     def setup(self, stage: str | None = None) -> None:
         super().setup(stage)
         dev = torch.device(self.device or (self.trainer.strategy.root_device if self.trainer
-                                           else "cuda" if torch.cuda.is_available() else "cpu"))
+                                           else "cuda" if hardware.gpu_count() else "cpu"))
         for name in ("train_set", "val_set", "test_set"):
             ds = getattr(self, name, None)
             if ds is not None:  # 50,000 images are 150 MB as uint8: one copy, then every epoch reads device memory

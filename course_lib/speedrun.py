@@ -222,7 +222,7 @@ def make_trainer(epochs: float, precision: str | None = None, steps_per_epoch: i
     steps = total_steps(epochs, steps_per_epoch) if steps_per_epoch else -1
     kwargs = {"max_epochs": math.ceil(epochs), "max_steps": steps, **kwargs}
     if hardware.choose_precision(precision) == "16-mixed" and (kwargs.get("accelerator") == "cpu"
-                                                             or not torch.cuda.is_available()):
+                                                             or not hardware.gpu_count()):
         # the policy chose fp16 (a GPU without bf16, emulated on a CPU by the tests): Lightning would quietly swap
         # 16-mixed for bf16-mixed on a CPU, so its fp16 plugin is passed explicitly, with the GradScaler("cpu")
         fp16 = {"precision": None, "plugins": [MixedPrecision("16-mixed", "cpu")]}

@@ -6,7 +6,7 @@ fixed costs read from the committed CPU run. Every assumption is a named constan
 
     .venv/bin/python scripts/estimate_gpu_times.py            # print the per-lesson arithmetic
     .venv/bin/python scripts/estimate_gpu_times.py --write    # rewrite docs/results/gpu-estimates.md and the
-                                                              # README table's two estimate columns
+                                                              # README's estimate table (its marked block)
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from course_lib import config, flops, hardware, models  # noqa: E402
+from course_lib import config, flops, hardware, models, results  # noqa: E402
 from course_lib.internals import TorchDispatchMode  # noqa: E402  (sees every aten op; a private torch name)
 
 LESSONS = ("00_setup", "01_pytorch_baseline", "02_lightning", "03_gpu_and_data", "04_mixed_precision",
@@ -84,9 +84,11 @@ def _find(lesson: str, pattern: str) -> list[tuple[str, ...]]:
 
 
 def cpu_wall_s(lesson: str) -> float:
-    """The README's 'full size, 2-core CPU' column for a lesson, in seconds."""
-    row = next(ln for ln in (ROOT / "README.md").read_text().splitlines() if ln.startswith(f"| [{lesson}]"))
-    return float(re.fullmatch(r"\s*(\d+) s\s*", row.split("|")[4]).group(1))
+    """The README's 'full size, 2-core CPU' column for a lesson, in seconds: its row's one 'N s' cell."""
+    found = re.search(rf"^\| \[{lesson}\]\(.*?\| (\d+) s \|", (ROOT / "README.md").read_text(), re.MULTILINE)
+    if found is None:
+        raise ValueError(f"README.md's lesson table has no row for {lesson} with its CPU wall time ('| N s |').")
+    return float(found.group(1))
 
 
 @functools.lru_cache(maxsize=None)
@@ -373,10 +375,19 @@ def estimates(size: str = "full") -> dict:
 
 
 def readme_cells(result: dict | None = None) -> dict:
-    """{lesson: (T4 cell, H100 cell)} as the README's lesson table shows them."""
+    """{lesson: (T4 cell, H100 cell)} as the README's estimate table shows them."""
     result = result or estimates()
     return {lesson: tuple(span(result[lesson][g][0]["fast"], result[lesson][g][0]["slow"]) for g in GPUS)
             for lesson in LESSONS}
+
+
+README_BLOCK = "gpu-estimates"  # the README's marked block (results.block_markers) that readme_table fills
+
+
+def readme_table(cells: dict) -> list[str]:
+    """The README's estimate table, the one generator of its lines: per lesson, the T4 and H100 ranges."""
+    return ["| lesson | " + " | ".join(f"{g} (estimate)" for g in GPUS) + " |", "|---" * (1 + len(GPUS)) + "|",
+            *[f"| {lesson} | " + " | ".join(cells[lesson]) + " |" for lesson in LESSONS]]
 
 
 def report(result: dict) -> str:
@@ -477,26 +488,6 @@ def report(result: dict) -> str:
     return "\n".join(lines)
 
 
-def write_readme(cells: dict, path: Path = ROOT / "README.md") -> None:
-    """Put the estimate columns into the README's lesson table (after the CPU column)."""
-    out, header = [], False
-    for ln in path.read_text().splitlines():
-        cols = ln.split("|")
-        lesson = next((name for name in LESSONS if ln.startswith(f"| [{name}]")), None)
-        if ln.startswith("| lesson | topic |"):
-            cols = [c for c in cols if c.strip() not in ("T4 (estimate)", "H100 (estimate)")]
-            cols[5:5] = [" T4 (estimate) ", " H100 (estimate) "]
-        elif header:  # the separator under the lesson table's header
-            cols = [""] + ["---"] * 7 + [""]
-        elif lesson:
-            if len(cols) == 9:
-                del cols[5:7]
-            cols[5:5] = [f" {cells[lesson][0]} ", f" {cells[lesson][1]} "]
-        header = ln.startswith("| lesson | topic |")
-        out.append("|".join(cols))
-    path.write_text("\n".join(out) + "\n")
-
-
 def main() -> None:
     """Print the estimate (default) or write the doc and the README columns (--write)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -506,8 +497,8 @@ def main() -> None:
     result = estimates(args.size)
     text = report(result)
     if args.write:
-        (ROOT / "docs" / "results" / "gpu-estimates.md").write_text(text + "\n")
-        write_readme(readme_cells(result))
+        results.write_text(ROOT / "docs" / "results" / "gpu-estimates.md", text + "\n")
+        results.replace_block(ROOT / "README.md", README_BLOCK, readme_table(readme_cells(result)))
     print(text)
 
 

@@ -284,7 +284,7 @@ def main() -> int:
     t0 = time.monotonic()
     deadline = t0 + args.budget
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)  # no per-run banner
-    gpu = torch.cuda.is_available()
+    gpu = hardware.gpu_count() > 0
     dry = args.dry_run or not gpu or config.run_size().name == "smoke"
     source = Path(config.data_source(args.data, need_files=True))
     if source.is_dir():  # a JPEG folder: pack it, as --make-data does, then use the pack

@@ -1,9 +1,12 @@
 """course_lib.hardware: the one CPU-capability reader, and the precision policy (bf16 only where the hardware computes
 it natively), from injected capability facts."""
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
-from course_lib import hardware
+from course_lib import config, hardware
 
 GPU_OLD = {"gpu": "Tesla T4", "compute_capability": "7.5", "bf16_native": False}
 GPU_NEW = {"gpu": "NVIDIA H100", "compute_capability": "9.0", "bf16_native": True}
@@ -86,3 +89,24 @@ def test_detection_falls_back_to_cpuinfo(monkeypatch, fresh_flags, tmp_path):
     monkeypatch.setattr(hardware, "CPUINFO", tmp_path / "absent")
     assert hardware.cpu_flags() == frozenset() and hardware.cpu_bf16_native() is False
 
+
+
+def test_gpu_presence_is_asked_only_through_hardware_gpu_count():
+    """'Is there a GPU?' has one home, hardware.gpu_count (NVML, so ddp_notebook can still fork): course_lib and the
+    scripts never call torch.cuda.is_available or device_count elsewhere (check_cuda asks is_available in a child)."""
+    root = Path(__file__).resolve().parents[1]
+    callers = [f"{p.relative_to(root)}:{n}" for folder in ("course_lib", "scripts") for p in (root / folder).rglob("*.py")
+               if p.name != "hardware.py"
+               for n, line in enumerate(p.read_text().splitlines(), 1)
+               if re.search(r"cuda\.(is_available|device_count)\(", line)]
+    assert not callers, f"ask hardware.gpu_count() instead: {callers}"
+
+
+def test_run_size_asks_hardware_gpu_count_for_the_device_kind(monkeypatch):
+    """run_size(lesson) takes the lesson's GPU scale when hardware.gpu_count() sees a GPU, its CPU scale otherwise."""
+    monkeypatch.setattr(hardware, "gpu_count", lambda: 1)
+    on_gpu = config.run_size("08_capstone", size="full")
+    monkeypatch.setattr(hardware, "gpu_count", lambda: 0)
+    on_cpu = config.run_size("08_capstone", size="full")
+    assert on_gpu == config.run_size("08_capstone", gpu=True, size="full") and on_gpu.batch_size == 1024
+    assert on_cpu == config.run_size("08_capstone", gpu=False, size="full") and on_cpu != on_gpu

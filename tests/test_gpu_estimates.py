@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from course_lib import results
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "estimate_gpu_times.py"
 
@@ -71,25 +73,15 @@ def test_span_rounds_outwards(est):
     assert est.span(855.0, 3401.0) == "14-57 min"
 
 
-def test_readme_columns_match_the_script(est, full):
-    """The README's lesson table carries the script's T4 and H100 estimates, marked as estimates."""
-    readme = (REPO / "README.md").read_text()
-    lines = readme.splitlines()
-    header = next(ln for ln in lines if ln.startswith("| lesson | topic |"))
-    names = [c.strip() for c in header.strip("|").split("|")]
-    t4, h100 = names.index("T4 (estimate)"), names.index("H100 (estimate)")
-    for lesson, cells in est.readme_cells(full).items():
-        row = next(ln for ln in lines if ln.startswith(f"| [{lesson}]"))
-        shown = [c.strip() for c in row.strip("|").split("|")]
-        assert (shown[t4], shown[h100]) == cells, f"{lesson}: run scripts/estimate_gpu_times.py --write"
-    assert "docs/results/gpu-estimates.md" in readme and "estimates" in readme
+def test_readme_table_is_the_scripts(est, full):
+    """The README's estimate block is exactly readme_table's lines for the full-size estimates, marked as estimates."""
+    readme = REPO / "README.md"
+    assert results.read_block(readme, est.README_BLOCK) == est.readme_table(est.readme_cells(full)), \
+        "run scripts/estimate_gpu_times.py --write"
+    assert "docs/results/gpu-estimates.md" in readme.read_text() and "T4 (estimate)" in readme.read_text()
 
 
-def test_write_readme_is_idempotent(est, full, tmp_path):
-    """Writing the columns into a README that already has them leaves it unchanged."""
-    copy = tmp_path / "README.md"
-    copy.write_text((REPO / "README.md").read_text())
-    est.write_readme(est.readme_cells(full), copy)
-    once = copy.read_text()
-    est.write_readme(est.readme_cells(full), copy)
-    assert copy.read_text() == once == (REPO / "README.md").read_text()
+def test_cpu_wall_times_come_from_the_lesson_table(est):
+    """cpu_wall_s reads each lesson's 'N s' cell of the README's lesson table (the committed CPU run)."""
+    for lesson in est.LESSONS:
+        assert est.cpu_wall_s(lesson) > 0, lesson

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from course_lib import hardware, results
+from course_lib.errors import CourseError
 
 ROW = {"name": "x", "images_per_s": 123.5, "step_ms": 4.0, "batch_size": 8, "precision": "32-true"}
 
@@ -90,3 +91,25 @@ def test_report_rewrites_sections_in_order(build):
     assert "Data: here" not in (build / "r.md").read_text()
     with pytest.raises(KeyError, match="not one of this report's sections"):
         report.set("c", [])
+
+
+def test_replace_block_rewrites_only_between_its_markers(tmp_path):
+    """A generated block is replaced whole, the text around it kept; a file without the markers names them."""
+    start, end = results.block_markers("table")
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"intro\n{start}\nold\n{end}\noutro\n")
+    results.replace_block(doc, "table", ["| a |", "| 1 |"])
+    assert doc.read_text() == f"intro\n{start}\n| a |\n| 1 |\n{end}\noutro\n"
+    assert results.read_block(doc, "table") == ["| a |", "| 1 |"] and results.read_block(doc, "other") == []
+    with pytest.raises(CourseError, match="<!-- other: start"):
+        results.replace_block(doc, "other", [])
+
+
+def test_json_and_rows_round_trip(tmp_path):
+    """write_json/read_json (a missing file gives the default) and append_row/read_rows, folders created."""
+    assert results.read_json(tmp_path / "none.json", {}) == {} and results.read_rows(tmp_path / "none.jsonl") == []
+    results.write_json(tmp_path / "a" / "x.json", {"k": [1, 2]})
+    assert results.read_json(tmp_path / "a" / "x.json") == {"k": [1, 2]}
+    for i in range(2):
+        results.append_row(tmp_path / "b" / "runs.jsonl", {"seed": i})
+    assert results.read_rows(tmp_path / "b" / "runs.jsonl") == [{"seed": 0}, {"seed": 1}]

@@ -64,7 +64,7 @@ def _04_report(base: _Side, mine: _Side, *, batch: int, err: float, passed: bool
     print(f"  batch {batch}: gradients match the plain step's to {err:.1e} (relative, limit {EX04_MAX_GRAD_ERROR}): "
           f"{'same effective batch' if err <= EX04_MAX_GRAD_ERROR else 'NOT the same gradients'}; time per step "
           f"{t_base * 1e3:.0f} ms -> {t_mine * 1e3:.0f} ms ({t_mine / t_base:.2f}x{price})")
-    if torch.cuda.is_available():
+    if hardware.gpu_count():
         print(f"  CUDA peak memory (torch.cuda.max_memory_allocated): {base.peak_mb:,.0f} MB -> "
               f"{mine.peak_mb:,.0f} MB")
     else:
@@ -77,7 +77,7 @@ def check_04_activation_memory(train_step: Callable, *, batch_size: int | None =
     """Lesson 04: train_step(net, x, y) must hold >= `target`x fewer saved-for-backward bytes than a plain step on
     the same batch, with the same gradients (same effective batch); reports the time cost and, on CUDA, peak memory."""
     grading = grading or Grading()
-    cuda = torch.cuda.is_available()
+    cuda = hardware.gpu_count() > 0
     device = "cuda" if cuda else "cpu"
     batch = batch_size or (256 if cuda else 32)
     torch.manual_seed(0)
@@ -119,7 +119,7 @@ def eager_chain(x):
 
 def inputs_05() -> torch.Tensor:
     """The check's (rows, 2048) float32 input on the device: seeded, wide enough that some |z| exceed CLIP."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = "cuda" if hardware.gpu_count() else "cpu"
     torch.manual_seed(0)
     return torch.randn(4096 if device == "cuda" else 512, 2048, device=device) * 2
 

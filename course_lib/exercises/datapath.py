@@ -91,7 +91,7 @@ def check_03_data_wait(make_data: Callable, *, target: float = 1.5, max_wait: fl
     if not (ok and measure):
         return ok
     steps, rounds = max(10, min(config.run_size("03_gpu_and_data").bench_steps, 30)), 3  # a JPEG round: ~1 s
-    max_wait = max_wait if max_wait is not None else 0.10 if torch.cuda.is_available() else 0.35
+    max_wait = max_wait if max_wait is not None else 0.10 if hardware.gpu_count() else 0.35
     found = _03_measure(make_data, batch_size, steps, rounds)
     fast = grading.grade("Exercise 1 (batches delivered)", found["base"], found["mine"], target,
                          what="time per batch", hardware=hardware.label())
@@ -123,7 +123,7 @@ def per_image_augment(x, shifts, flips, pad):
 
 def inputs_08(pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(x, shifts, flips): a seeded uint8 batch on the device, its crop offsets and mirror flags."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = "cuda" if hardware.gpu_count() else "cpu"
     g = torch.Generator().manual_seed(0)
     batch = 1024 if device == "cuda" else 512  # the speedrun's batch on a GPU; a CPU-sized one here
     x = torch.randint(0, 256, (batch, 3, 32, 32), dtype=torch.uint8, generator=g).to(device)  # (B, 3, 32, 32)
