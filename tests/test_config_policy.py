@@ -95,8 +95,8 @@ def test_gpu_presence_is_asked_only_through_hardware_gpu_count():
     """'Is there a GPU?' has one home, hardware.gpu_count (NVML, so ddp_notebook can still fork): course_lib and the
     scripts never call torch.cuda.is_available or device_count elsewhere (check_cuda asks is_available in a child)."""
     root = Path(__file__).resolve().parents[1]
-    callers = [f"{p.relative_to(root)}:{n}" for folder in ("course_lib", "scripts") for p in (root / folder).rglob("*.py")
-               if p.name != "hardware.py"
+    files = [p for part in ("course_lib", "scripts") for p in (root / part).rglob("*.py") if p.name != "hardware.py"]
+    callers = [f"{p.relative_to(root)}:{n}" for p in files
                for n, line in enumerate(p.read_text().splitlines(), 1)
                if re.search(r"cuda\.(is_available|device_count)\(", line)]
     assert not callers, f"ask hardware.gpu_count() instead: {callers}"
