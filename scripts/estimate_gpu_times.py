@@ -96,7 +96,7 @@ def committed() -> dict:
     """The CPU run's figures this estimate uses, each from a committed notebook's outputs."""
     lightning = [float(m) for m in _find("02_lightning", r"(?:ImageClassifierModule|LitLeNet|barebones): .*?"
                                                          r"([+-]\d+\.\d+) ms per step")]
-    epoch_line = r": +(\d+\.\d+) s per epoch \((\d+\.\d+)-(\d+\.\d+)"  # lesson 02, cell 26: median (min-max s, n runs)
+    epoch_line = r": +(\d+\.\d+) s per epoch \((\d+\.\d+)-(\d+\.\d+)"  # lesson 02, section 5: median (min-max s, n)
     epochs = [tuple(map(float, m)) for m in _find("02_lightning", epoch_line)]
     jpeg = _find("03_gpu_and_data", r"JPEG \+ PIL \+ v2, num_workers=0: +([\d,]+) images/s \(([\d,]+)-([\d,]+)")[0]
     return {
@@ -212,7 +212,7 @@ def host_train(net, images, width=64) -> float:
     return per_image(net, width if net in ("resnet9", "airnet") else None, True)[0] * images
 
 
-# --- the lessons, each as the notebook's code runs on one GPU (cell numbers: the notebook's code cells) ---------
+# --- the lessons, each as the notebook's code runs on one GPU (sections: its '## N.' headings) ---------------
 def lesson_items(lesson: str, e: Estimator, size: str = "full") -> list[Item]:
     """What one lesson does on a machine with one GPU, at a run size, as Items."""
     s = config.run_size(lesson, gpu=True, size=size)
@@ -225,41 +225,42 @@ def lesson_items(lesson: str, e: Estimator, size: str = "full") -> list[Item]:
              e.fixed("CUDA context and library handles", *CUDA_INIT_S)]
     add = items.append
     if lesson == "00_setup":
-        add(e.matmul("cell 16: 2048^3 fp32 products, warm-up + max(5, repeats)", 2048, 1 + max(5, s.repeats)))
+        add(e.matmul("section 4: 2048^3 fp32 products, warm-up + max(5, repeats)", 2048, 1 + max(5, s.repeats)))
         add(e.matmul("exercise 2: 4096^3 fp32 products, warm-up + 3", 4096, 4))
     elif lesson == "01_pytorch_baseline":
-        for bs in (4, 16, 64, 256):  # cell 15: every batch size that fits one pass, interleaved rounds
+        for bs in (4, 16, 64, 256):  # section 3: every batch size that fits one pass, interleaved rounds
             if bs * (s.bench_steps + 3) <= train:
-                add(e.steps(f"cell 15: LeNet batch {bs}, {s.repeats} x {s.bench_steps + 3} steps", "lenet", bs,
+                add(e.steps(f"section 3: LeNet batch {bs}, {s.repeats} x {s.bench_steps + 3} steps", "lenet", bs,
                             s.repeats * (s.bench_steps + 3), loop="plain"))
-        add(e.steps(f"cell 17: LeNet batch 64, {s.epochs} epochs", "lenet", 64, s.epochs * ep(64), loop="plain"))
-        add(e.steps("cells 19, 25: test predictions, twice", "lenet", 256, 2 * ev(256), train=False, loop="plain"))
+        add(e.steps(f"section 3: LeNet batch 64, {s.epochs} epochs", "lenet", 64, s.epochs * ep(64), loop="plain"))
+        add(e.steps("section 3: test predictions, twice", "lenet", 256, 2 * ev(256), train=False, loop="plain"))
         seed_epochs = min(2, s.epochs)
-        add(e.steps(f"cell 25: the articles' loop, batch 4, {seed_epochs} epochs", "lenet", 4,
+        add(e.steps(f"section 3, training for real: the articles' loop, batch 4, {seed_epochs} epochs", "lenet", 4,
                     seed_epochs * ep(4), loop="plain"))
     elif lesson == "02_lightning":
-        add(e.steps(f"cell 14: LeNet in the Trainer, {s.epochs} epochs", "lenet", 64, s.epochs * ep(64)))
-        add(e.steps("cell 14: validation each epoch and the test", "lenet", 64, (s.epochs + 1) * ev(64),
+        add(e.steps(f"section 3: LeNet in the Trainer, {s.epochs} epochs", "lenet", 64, s.epochs * ep(64)))
+        add(e.steps("section 3: validation each epoch and the test", "lenet", 64, (s.epochs + 1) * ev(64),
                     train=False))
-        add(e.steps("cell 18: predictions by hand", "lenet", 64, ev(64), train=False, loop="plain"))
-        lo, hi = e.c["02_cpu_epochs_s"]  # cell 24 trains on accelerator="cpu" whatever the machine has
+        add(e.steps("section 3: predictions by hand", "lenet", 64, ev(64), train=False, loop="plain"))
+        lo, hi = e.c["02_cpu_epochs_s"]  # section 5 trains on accelerator="cpu" whatever the machine has
         rounds = max(3, s.repeats)
-        add(e.host_s(f"cell 24: {rounds} rounds x 4 one-epoch runs on the CPU (committed epoch times)",
+        add(e.host_s(f"section 5: {rounds} rounds x 4 one-epoch runs on the CPU (committed epoch times)",
                      rounds * lo * train / 40_000, rounds * hi * train / 40_000))
     elif lesson == "03_gpu_and_data":
-        dataset = SPLIT_IMAGES * IMAGE_FLOATS  # cell 12: the split as uint8
-        add(e.copy("cell 14: the dataset tensor, pageable and pinned, 2 x (1 + 5) copies", 12 * dataset))
-        add(e.matmul("cell 18: 4096^3 fp32 products, 5 variants x 5 rounds x 21 passes", 4096, 5 * 5 * 21))
+        dataset = SPLIT_IMAGES * IMAGE_FLOATS  # section 2: the split as uint8
+        add(e.copy("section 2: the dataset tensor, pageable and pinned, 2 x (1 + 5) copies", 12 * dataset))
+        add(e.matmul("section 2, non_blocking: 4096^3 fp32 products, 5 variants x 5 rounds x 21 passes", 4096,
+                     5 * 5 * 21))
         bs, steps = 128, s.repeats * (2 + s.bench_steps)
         jpeg_lo, jpeg_hi = e.c["jpeg_images_s"][2], e.c["jpeg_images_s"][1]  # fastest and slowest committed round
-        jpeg_images = 21 * bs + 3 * steps * bs  # cell 28's profile and cell 30's three JPEG rungs
-        add(e.host_s("cells 28, 30: JPEG decode + PIL augmentation on the host (committed images/s)",
+        jpeg_images = 21 * bs + 3 * steps * bs  # section 3's profile and its three JPEG rungs
+        add(e.host_s("section 3: JPEG decode + PIL augmentation on the host (committed images/s)",
                      jpeg_images / jpeg_lo, jpeg_images / jpeg_hi))
         workers = len([n for n in (0, 1, 2, 4, 8) if n <= e.spec["host_cores"]])
-        add(e.steps(f"cell 30: SimpleCNN batch 128, {3 + workers + 1} rungs x {steps} steps", "simple_cnn", bs,
+        add(e.steps(f"section 3: SimpleCNN batch 128, {3 + workers + 1} rungs x {steps} steps", "simple_cnn", bs,
                     (3 + workers + 1) * steps))
-        for b in (32, 128, 512, 1024, 2048):  # cell 47: ResNet-9 width 64, data on the device, fp32
-            add(e.steps(f"cell 47: ResNet-9 w64 batch {b}, {steps} steps", "resnet9", b, steps, on_device=True))
+        for b in (32, 128, 512, 1024, 2048):  # section 5: ResNet-9 width 64, data on the device, fp32
+            add(e.steps(f"section 5: ResNet-9 w64 batch {b}, {steps} steps", "resnet9", b, steps, on_device=True))
     elif lesson == "04_mixed_precision":
         width, bs = round(64 * s.width), 512
         tf32 = "tf32" if "tf32" in e.peaks else "fp32"  # "high" changes nothing without TF32
@@ -268,22 +269,22 @@ def lesson_items(lesson: str, e: Estimator, size: str = "full") -> list[Item]:
         for name, f in formats:
             add(e.matmul(f"section 3: 8192^3 products, warm-up + 20, {name} (at the {f} peak)", 8192, 21,
                          precision=f))
-        configs = {"fp32": "fp32", "tf32": "tf32", "fp16-mixed": "fp16", "bf16-mixed": "bf16"}  # cell 36's CONFIGS
+        configs = {"fp32": "fp32", "tf32": "tf32", "fp16-mixed": "fp16", "bf16-mixed": "bf16"}  # section 4's CONFIGS
         runnable = {n: f for n, f in configs.items() if f in e.peaks and (n != "bf16-mixed" or e.mixed == "bf16")}
         steps = s.repeats * (5 + s.bench_steps)
-        for name, f in runnable.items():  # the configurations cell 38 keeps on this GPU
-            add(e.steps(f"cell 44: ResNet-9 w{width} batch {bs}, {name}, {steps} steps", "resnet9", bs, steps,
+        for name, f in runnable.items():  # the configurations section 4 keeps on this GPU
+            add(e.steps(f"section 4: ResNet-9 w{width} batch {bs}, {name}, {steps} steps", "resnet9", bs, steps,
                         precision=f, width=width, on_device=True))
-            add(e.steps(f"cell 48: train {s.epochs} epochs, {name}", "resnet9", bs, s.epochs * ep(bs),
+            add(e.steps(f"section 4: train {s.epochs} epochs, {name}", "resnet9", bs, s.epochs * ep(bs),
                         precision=f, width=width))
-            add(e.steps(f"cell 48: test, {name}", "resnet9", bs, ev(bs), train=False, precision=f, width=width))
+            add(e.steps(f"section 4: test, {name}", "resnet9", bs, ev(bs), train=False, precision=f, width=width))
         add(e.steps("memory section: 3 step variants x 4 calls + 8 accumulated batches", "resnet9", bs, 3 * 4 + 8,
                     loop="plain"))  # MEM_WIDTH: 64 on a GPU
     elif lesson == "05_compile_and_tuning":
         rounds, steps = max(3, s.repeats), 3 + s.bench_steps
         add(e.steps(f"bench: eager, compile, channels_last, reduce-overhead: 4 x {s.repeats} x {steps} steps",
                     "simple_cnn", 64, 4 * s.repeats * steps, on_device=True))
-        gelu_ops = 8  # gelu_tanh's eager chain: about 8 elementwise ops (cell 14 counts them on the machine)
+        gelu_ops = 8  # gelu_tanh's eager chain: about 8 elementwise ops (section 1 counts them on the machine)
         add(e.fixed(f"GELU chain: {rounds} rounds x {s.bench_steps} calls, eager ops launch-bound",
                     rounds * s.bench_steps * gelu_ops * LAUNCH_US[0] * 1e-6,
                     rounds * s.bench_steps * gelu_ops * LAUNCH_US[1] * 1e-6))
@@ -303,8 +304,8 @@ def lesson_items(lesson: str, e: Estimator, size: str = "full") -> list[Item]:
                      cpu, cpu, fit))
     elif lesson == "07_quantization":
         width = round(64 * s.width)
-        add(e.steps(f"cell 12: ResNet-9 w{width}, {s.epochs} epochs", "resnet9", 64, s.epochs * ep(64), width=width))
-        add(e.steps(f"cell 12: LeNet, {s.epochs} epochs", "lenet", 64, s.epochs * ep(64)))
+        add(e.steps(f"section 2: ResNet-9 w{width}, {s.epochs} epochs", "resnet9", 64, s.epochs * ep(64), width=width))
+        add(e.steps(f"section 2: LeNet, {s.epochs} epochs", "lenet", 64, s.epochs * ep(64)))
         prune = 4 if size == "full" else 2
         add(e.steps(f"pruning: {prune} x 1/8-epoch fine-tunes (ResNet-9) + 1 (LeNet)", "resnet9", 64,
                     prune * ep(64) // 8, width=width))
@@ -415,9 +416,10 @@ def report(result: dict) -> str:
         "- lower bound = FLOPs / peak + bytes / link: 100 % of the data-sheet peak, no launch or loop cost.",
         "- the estimate's fast end uses the optimistic end of every assumption, its slow end the pessimistic one.",
         "",
-        "\"cell N\" below is the notebook's cell index (0-based, markdown cells included). The script reads its",
-        "fixed costs from the committed notebook outputs and the README's CPU column, so rerun it with `--write`",
-        "after `make lessons`; `tests/test_gpu_estimates.py` fails when the README's columns differ from its output.",
+        "\"section N\" below is the notebook's heading \"## N.\" (cell numbers shift when a lesson changes). The",
+        "script reads its fixed costs from the committed notebook outputs and the README's CPU column, so rerun it",
+        "with `--write` after `make lessons`; `tests/test_gpu_estimates.py` fails when the README's estimate table",
+        "differs from its output.",
         "",
         "Peaks (dense, `flops.GPU_PEAKS`), each at the course's precision policy (`hardware.choose_precision`):",
         "",
@@ -455,11 +457,11 @@ def report(result: dict) -> str:
         "## Fixed costs read off the committed CPU run",
         "",
         f"- Lightning's per-step cost over a plain loop: {c['lightning_ms'][0]:+.2f} to {c['lightning_ms'][1]:+.2f} "
-        "ms (lesson 02, cell 26's rows).",
+        "ms (lesson 02, section 5's rows).",
         f"- Lesson 02's CPU-only epoch comparison: {c['02_cpu_epochs_s'][0]:.2f}-{c['02_cpu_epochs_s'][1]:.2f} s "
-        "per round of 4 epochs (cell 26's min and max).",
+        "per round of 4 epochs (section 5's min and max).",
         f"- JPEG pipeline, num_workers=0: {c['jpeg_images_s'][1]:,.0f}-{c['jpeg_images_s'][2]:,.0f} images/s "
-        "(lesson 03, cell 30).",
+        "(lesson 03, section 3).",
         f"- Cold compiles: GELU {c['gelu_compile_s']:g} s, SimpleCNN training step {c['cnn_compile_s']:g} s "
         f"(lesson 05); int8 compile_for_cpu {c['07_cpu_compile_s']:g} s (lesson 07, at its CPU width).",
         f"- Host fp32 matmul: {c['host_gflops']:,.0f} GFLOP/s (lesson 00); lesson 06's CPU wall time "
