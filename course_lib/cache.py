@@ -63,17 +63,25 @@ def ensure_folder(path: Path, what: str) -> Path:
     return path
 
 
-def cached_split(split_dir: Path, files: list[Path], cache_dir: Path, load: bool,
-                 build: Callable[[], dict]) -> dict | None:
-    """The split's cache for its current files: read and checked when it exists, else build() decodes it and it is
-    written (atomically); stale caches of the same folder are removed. load=False only makes sure it exists."""
+def cache_file(split_dir: Path, files: list[Path], cache_dir: Path) -> tuple[Path, list[Path]]:
+    """(the cache of the split's current files, older caches of the same folder that it supersedes)."""
     folder_id, key = cache_key(split_dir, files)
     cache_dir = ensure_folder(cache_dir, "The cache folder")
     cache = cache_dir / f"{split_dir.name}-{folder_id}-{key}.pt"
-    superseded = [p for p in cache_dir.glob(f"{split_dir.name}-{folder_id}-*.pt") if p != cache]
+    return cache, [p for p in cache_dir.glob(f"{split_dir.name}-{folder_id}-*.pt") if p != cache]
+
+
+def ensure_cached_split(split_dir: Path, files: list[Path], cache_dir: Path, build: Callable[[], dict]) -> None:
+    """Make sure a cache of the split's current files exists (build() decodes it where none does); reads nothing."""
+    if not cache_file(split_dir, files, cache_dir)[0].exists():
+        cached_split(split_dir, files, cache_dir, build)
+
+
+def cached_split(split_dir: Path, files: list[Path], cache_dir: Path, build: Callable[[], dict]) -> dict:
+    """The split's cache for its current files: read and checked when it exists, else build() decodes it and it is
+    written (atomically); stale caches of the same folder are removed."""
+    cache, superseded = cache_file(split_dir, files, cache_dir)
     if cache.exists():
-        if not load:
-            return None
         data, problem = read_cache(cache)
         if data is not None:
             return data
@@ -89,8 +97,8 @@ def cached_split(split_dir: Path, files: list[Path], cache_dir: Path, load: bool
         torch.save({**data, "checksum": checksum(data)}, tmp)
         tmp.replace(cache)  # atomic: a crash never leaves a half-written cache
     except OSError as err:  # the folder exists but is not writable
-        raise CourseError(f"Cannot write the cache {cache} ({err.strerror or err}). Make {cache_dir} writable, or "
-                          f"point {config.DATA_ROOT_ENV} at a folder you can write to.") from err
+        raise CourseError(f"Cannot write the cache {cache} ({err.strerror or err}). Make {cache.parent} writable, "
+                          f"or point {config.DATA_ROOT_ENV} at a folder you can write to.") from err
     for old in superseded:
         old.unlink(missing_ok=True)
     return data

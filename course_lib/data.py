@@ -1,4 +1,4 @@
-"""CIFAR-10 behind one DataModule (from torchvision's download or any image folder, see sources), its normalisation
+"""CIFAR-10 behind one DataModule (its images from the one source sources.open_source chooses), its normalisation
 and the crop+flip augmentation."""
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, random_split
 
 from . import config, internals
 from .errors import CourseError, MissingPathError
 from .sampling import EpochSampler, ResumableLoader
-from .sources import list_image_folder, load_image_folder, load_torchvision_cifar10
+from .sources import CIFAR10_CLASSES as CIFAR10_CLASSES  # re-exported: the lessons import it from here
+from .sources import LOADED, SPLITS, Source, cache_image_folder, list_image_folder, load_image_folder, open_source
 
-CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)  # per-channel statistics of the CIFAR-10 training images
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 def crop_flip(x: torch.Tensor, shifts: torch.Tensor, flips: torch.Tensor, pad: int,
@@ -40,7 +40,9 @@ def augment_batch(x: torch.Tensor, pad: int = 4) -> torch.Tensor:
 def to_float(x: torch.Tensor, mean=CIFAR10_MEAN, std=CIFAR10_STD) -> torch.Tensor:
     """The course's one normalisation: pixels (B, C, H, W) in [0, 255], uint8 or float, to a new float32 tensor
     (x / 255 - mean) / std per channel. mean/std: per-channel sequences or (C,) tensors in [0, 1] units (tensors
-    already on x's device cost no copy per call); None leaves [0, 1]."""
+    already on x's device cost no copy per call); None leaves [0, 1]. Not torchvision's v2.functional.to_dtype(scale=
+    True) + normalize: it multiplies by 1/255 where this divides by 255 (up to 5e-7 apart, so the lessons' committed
+    numbers would move), and it leaves a float input unscaled."""
     x = x.to(torch.float32, copy=True).div_(255)  # a copy: a float input stays the caller's
     if mean is None:
         return x
@@ -78,101 +80,70 @@ def _batch_as_is(batch):
 
 
 def split_indices(n: int, fractions: list[float], seed: int) -> list[torch.Tensor]:
-    """Seeded random split of range(n) into len(fractions)+1 parts; the last part takes the rest; fraction 0: empty."""
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    """Seeded random split of range(n) into len(fractions)+1 parts; the last part takes the rest; fraction 0: empty.
+    The part sizes are rounded here, not by random_split (it floors fractions and hands out the remainder)."""
     sizes = [int(round(f * n)) for f in fractions]
     if any(s == 0 and f != 0 for s, f in zip(sizes, fractions)) or min(fractions, default=0) < 0 or sum(sizes) >= n:
         raise CourseError(f"Cannot carve fractions {fractions} from {n} images: each part needs at least one "
                           f"(a fraction of exactly 0 asks for none).")
-    return list(torch.split(perm, sizes + [n - sum(sizes)]))
-
-
-def load_tensor_file(path: str | Path) -> dict:
-    """A .pt file of {'images', 'labels', 'classes'} tensors; anything else is one error naming the file and remedy."""
-    remedy = (f"{path} (COURSE_DATA or --data.image_folder) must be a tensor file of images, labels and classes, "
-              f"such as scripts/gpu_check.py --make-subset writes; or point COURSE_DATA at an image folder")
-    try:
-        data = torch.load(path, weights_only=True)
-    except Exception as err:  # unpickling refused, truncated, not a torch file: torch's text suggests unsafe loads
-        raise CourseError(f"{remedy}; it cannot be read as one ({type(err).__name__}).") from None
-    if not isinstance(data, dict) or not {"images", "labels", "classes"} <= set(data):
-        keys = sorted(map(str, data))[:5] if isinstance(data, dict) else ""
-        raise CourseError(f"{remedy}; it holds a {type(data).__name__} {keys}.")
-    return data
-
-
-_LOADED: dict[tuple, dict] = {}  # decoded splits, so that benchmarks building many DataModules read the disk once
+    parts = random_split(range(n), sizes + [n - sum(sizes)], generator=torch.Generator().manual_seed(seed))
+    return [torch.tensor(part.indices, dtype=torch.long) for part in parts]
 
 
 class CIFAR10DataModule(L.LightningDataModule):
-    """CIFAR-10 (torchvision download), any <root>/<split>/<class>/*.jpg folder, or a saved .pt cache; seeded splits."""
+    """CIFAR-10 (torchvision download), any <root>/<split>/<class>/*.jpg folder, or a saved .pt tensor file, chosen
+    once here (sources.open_source); seeded splits. Normalised with CIFAR-10's statistics (normalize=False: [0, 1])."""
 
     def __init__(self, *, image_folder: str | None = None, data_dir: str | None = None, test_folder: str | None = None,
                  mirror_url: str | None = None, batch_size: int = 64, num_workers: int = 0,
                  pin_memory: bool = False, persistent_workers: bool = False, augment: bool = False,
-                 normalize: bool = True, mean: tuple = CIFAR10_MEAN, std: tuple = CIFAR10_STD,
-                 subset: int | None = None, eval_subset: int | None = None, val_fraction: float = 0.1,
-                 test_fraction: float = 0.1, seed: int = 0):
+                 normalize: bool = True, subset: int | None = None, eval_subset: int | None = None,
+                 val_fraction: float = 0.1, test_fraction: float = 0.1, seed: int = 0):
         super().__init__()
         self.save_hyperparameters()
         self.data_dir = Path(data_dir) if data_dir else config.data_root()
+        self.source: Source = open_source(image_folder, data_dir=self.data_dir, mirror_url=mirror_url)
         self.classes: list[str] = []
         self._resumed_rng_state: torch.Tensor | None = None  # from a checkpoint, for the next training loader
         self._test_source: tuple[Path | None, str] = (None, "test")  # the test images' folder (None: no files), split
 
-    def _load(self, split: str, load: bool = True) -> dict | None:
-        """One split's tensors from the chosen source (once per process), or None if the source has no such split."""
-        key = (self.hparams.image_folder, str(self.data_dir), split)
-        if key in _LOADED:  # decoded in this process already: prepare_data has nothing to check again
-            return _LOADED[key] if load else None
-        data = self._read(split, load)
-        if data is not None:  # torchvision's reader loads even when only asked to prepare: keep what it read
-            _LOADED[key] = data  # read-only afterwards: datasets index into it, never write
-        return data if load else None
-
-    def _read(self, split: str, load: bool) -> dict | None:
-        hp = self.hparams
-        if hp.image_folder is None:
-            return None if split == "val" else load_torchvision_cifar10(self.data_dir, split == "train",
-                                                                        hp.mirror_url)
-        if str(hp.image_folder).endswith(".pt"):  # a saved tensor cache (e.g. a subset carried to a GPU machine)
-            return load_tensor_file(hp.image_folder) if split == "train" and load else None
-        if split != "train" and not (Path(hp.image_folder) / split).is_dir():
-            return None
-        return load_image_folder(Path(hp.image_folder) / split, self.data_dir / "cache", load=load)
+    def normalisation(self) -> tuple:
+        """(mean, std) for data.to_float: CIFAR-10's per-channel statistics, or (None, None) for pixels in [0, 1]."""
+        return (CIFAR10_MEAN, CIFAR10_STD) if self.hparams.normalize else (None, None)
 
     def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):
         x, y = batch  # our batches are always (images, labels): skip Lightning's generic collection walk
         return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
     def prepare_data(self) -> None:
-        """Download (torchvision) or decode into the cache (image folder), once, on one process."""
+        """Download (torchvision) or decode into the on-disk cache (image folder), on one process; sets no state. A
+        split this process has loaded already was read from that cache, so it is not listed and checked again."""
         if self.hparams.test_folder:
-            load_image_folder(self._test_folder(), self.data_dir / "cache", load=False)
-        for split in ("train", "test", "val"):
-            self._load(split, load=False)
+            cache_image_folder(self._test_folder(), self.data_dir / "cache")
+        for split in SPLITS:
+            if not LOADED.holds(self.source, split):
+                self.source.ensure_cached(split)
 
     def setup(self, stage: str | None = None) -> None:
         """Load the tensors and carve validation/test splits from training with a seeded generator."""
         hp = self.hparams
         model_classes = self._model_classes()
         if hp.test_folder and stage in ("test", "predict"):  # grading on foreign images needs no training data
-            self.classes = model_classes or (CIFAR10_CLASSES if hp.image_folder is None
-                                             else list_image_folder(Path(hp.image_folder) / "train")[2])
+            self.classes = model_classes or self.source.classes()
             self.test_set = self._dataset(self._foreign_test(hp.test_folder), hp.eval_subset)
             self._test_source = (self._test_folder(), "test_folder")
             return
-        train = self._load("train")
+        train = LOADED.load(self.source, "train")
         self.classes = train["classes"]
         if model_classes and stage != "fit" and list(model_classes) != list(self.classes):
             raise CourseError(f"The model was trained on classes {model_classes} but the data in "
                               f"{hp.image_folder or 'torchvision CIFAR-10'} have {self.classes}, so its labels would "
                               f"be wrong. Point COURSE_DATA (--data.image_folder) at data with the model's classes, "
                               f"or grade a folder of class-named images with --data.test_folder.")
-        val, test = self._by_name(self._load("val"), "val"), self._by_name(self._load("test"), "test")
-        source = Path(hp.image_folder) if hp.image_folder and not str(hp.image_folder).endswith(".pt") else None
-        self._test_source = (source and source / ("test" if test is not None else "train"),  # names for predict
-                             "test" if test is not None else "train")
+        val = self._by_name(LOADED.load(self.source, "val"), "val")
+        test = self._by_name(LOADED.load(self.source, "test"), "test")
+        test_split = "test" if test is not None else "train"
+        self._test_source = (self.source.folder(test_split), test_split)  # the files predict names, if any
         carve = ([hp.val_fraction] if val is None else []) + ([hp.test_fraction] if test is None else [])
         parts = split_indices(len(train["labels"]), carve, hp.seed) if carve else [torch.arange(len(train["labels"]))]
         take = lambda d, i: {"images": d["images"][i], "labels": d["labels"][i], "index": i}  # noqa: E731
@@ -237,8 +208,7 @@ class CIFAR10DataModule(L.LightningDataModule):
         if subset is not None and subset < len(labels):
             keep = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.hparams.seed))[:subset]
             images, labels, index = images[keep], labels[keep], index[keep]
-        mean, std = (self.hparams.mean, self.hparams.std) if self.hparams.normalize else (None, None)
-        return ImageTensorDataset(images, labels, mean, std, augment, index=index)
+        return ImageTensorDataset(images, labels, *self.normalisation(), augment, index=index)
 
     def _loader(self, ds: ImageTensorDataset, train: bool) -> DataLoader:
         hp = self.hparams

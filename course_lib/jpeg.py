@@ -14,27 +14,27 @@ from torchvision.transforms import v2
 
 from . import config
 from .data import CIFAR10_MEAN, CIFAR10_STD
-from .sources import load_torchvision_cifar10, save_image_folder
+from .sources import ImageFolderSource, TensorFileSource, open_source, save_image_folder
 
 _FILE_LISTS: dict = {}  # image folder -> ImageFolder: the 50,000 file names are listed once per process
 
 
 def jpeg_folder(source: str | None, data_root: str | Path | None = None, mirror_url: str | None = None) -> Path:
-    """The training JPEGs as <folder>/train/<class>/*.jpg: `source` (checked by config.data_source) where it names a
-    folder, else one written once under the data root from torchvision's checked download (a half-written one is
-    rebuilt)."""
-    source = config.data_source(source) if source else None  # a missing folder: an error naming the remedy
-    if source:
-        if not Path(source).is_dir():
-            raise FileNotFoundError(f"{source} is a file: the JPEG pipeline reads image files, laid out as "
-                                    f"<folder>/train/<class>/*.jpg. Point {config.DATA_ENV} at such a folder, or set "
-                                    f"it to 'torchvision' to download CIFAR-10.")
-        return Path(source)
-    folder = Path(data_root or config.data_root()) / "cifar10-jpeg"
+    """The training JPEGs as <folder>/train/<class>/*.jpg: `source`, config.data_source()'s answer (not resolved
+    again here), where it names a folder; where it is None (the download), a folder written once under the data root
+    from the same torchvision download the DataModule reads (a half-written one is rebuilt)."""
+    chosen = open_source(source, data_dir=Path(data_root or config.data_root()), mirror_url=mirror_url)
+    if isinstance(chosen, TensorFileSource):
+        raise FileNotFoundError(f"{source} is a file: the JPEG pipeline reads image files, laid out as "
+                                f"<folder>/train/<class>/*.jpg. Point {config.DATA_ENV} at such a folder, or set "
+                                f"it to 'torchvision' to download CIFAR-10.")
+    if isinstance(chosen, ImageFolderSource):
+        return chosen.root
+    folder = chosen.root / "cifar10-jpeg"
     done = folder / "train" / ".complete"  # written last
     if not done.exists():
         try:
-            train = load_torchvision_cifar10(folder.parent, train=True, mirror_url=mirror_url)
+            train = chosen.load("train")
         except RuntimeError as err:
             raise RuntimeError(
                 f"No CIFAR-10 JPEG folder here: {config.DATA_ENV} is unset and {config.shared_data_folder()} "

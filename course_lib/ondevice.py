@@ -128,7 +128,7 @@ class DeviceCIFAR10DataModule(CIFAR10DataModule):
                  drop_last: bool = False, seed: int | None = None) -> DeviceBatches:
         """One split as DeviceBatches with this module's normalisation."""
         hp = self.hparams
-        mean, std = (hp.mean, hp.std) if hp.normalize else (None, None)
+        mean, std = self.normalisation()
         world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
         return DeviceBatches(ds.images, ds.labels, batch_size or hp.batch_size, shuffle=train,
                              seed=hp.seed if seed is None else seed, augment=augment, drop_last=drop_last,

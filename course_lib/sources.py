@@ -1,7 +1,10 @@
-"""Where images come from: class folders of image files (listed, decoded, cached as uint8 tensors) and
-torchvision's CIFAR-10 download; and writing tensors back out as an image folder."""
+"""Where images come from: the one decision of a source's format (open_source: torchvision's CIFAR-10 download, a
+folder of <split>/<class>/*.jpg files decoded once into a uint8 cache, or a .pt tensor file), each source with
+ensure_cached(split) for prepare_data and load(split) for setup; and writing tensors back out as an image folder."""
 from __future__ import annotations
 
+from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -9,11 +12,13 @@ import torch
 from PIL import Image
 
 from . import config
-from .cache import cached_split, ensure_folder
+from .cache import cached_split, ensure_cached_split, ensure_folder
 from .errors import CourseError, MissingPathError, SetupError
 
 IMAGE_EXTS = {".jpg", ".jpeg", ".png"}
 IMAGE_SIZE = 32  # pixels; images of another size are resized on decode
+SPLITS = ("train", "val", "test")
+CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
 
 def list_image_folder(split_dir: str | Path) -> tuple[list[Path], list[int], list[str]]:
@@ -52,29 +57,35 @@ def decode_image(path: Path) -> torch.Tensor:
     return torch.from_numpy(arr.copy()).permute(2, 0, 1)
 
 
-def load_image_folder(split_dir: str | Path, cache_dir: str | Path | None = None, load: bool = True) -> dict | None:
-    """Decode a class-folder split once into {'images': (N,3,32,32) uint8, 'labels', 'classes'}, cached on disk.
+def _decoder(files: list[Path], labels: list[int], classes: list[str]):
+    """build() for the cache: decode the listed files into {'images': (N,3,32,32) uint8, 'labels', 'classes'}."""
+    return lambda: {"images": torch.stack([decode_image(f) for f in files]),
+                    "labels": torch.tensor(labels, dtype=torch.long), "classes": classes}
 
-    The cache is verified on load and keyed by the folder's contents (see course_lib.cache); a damaged or stale one is
-    rebuilt with one line saying why. With load=False it only makes sure a current cache exists and returns None."""
+
+def load_image_folder(split_dir: str | Path, cache_dir: str | Path | None = None) -> dict:
+    """A class-folder split as {'images': (N,3,32,32) uint8, 'labels', 'classes'}, from its verified on-disk cache
+    (keyed by the folder's contents, see course_lib.cache), decoding and writing it first where needed."""
     split_dir = Path(split_dir)
-    files, labels, classes = list_image_folder(split_dir)
-
-    def build() -> dict:
-        images = torch.stack([decode_image(f) for f in files])
-        return {"images": images, "labels": torch.tensor(labels, dtype=torch.long), "classes": classes}
-
-    return cached_split(split_dir, files, Path(cache_dir or config.data_root() / "cache"), load, build)
+    listing = list_image_folder(split_dir)
+    return cached_split(split_dir, listing[0], Path(cache_dir or config.data_root() / "cache"), _decoder(*listing))
 
 
-def load_torchvision_cifar10(root: str | Path, train: bool, mirror_url: str | None = None) -> dict:
-    """torchvision's CIFAR-10 (download with progress and md5 check on first use) as uint8 tensors."""
+def cache_image_folder(split_dir: str | Path, cache_dir: str | Path | None = None) -> None:
+    """Make sure a current cache of a class-folder split exists (decoding it where none does); reads nothing."""
+    split_dir = Path(split_dir)
+    listing = list_image_folder(split_dir)
+    ensure_cached_split(split_dir, listing[0], Path(cache_dir or config.data_root() / "cache"), _decoder(*listing))
+
+
+def _torchvision_cifar10(root: Path, train: bool, mirror_url: str | None):
+    """torchvision's CIFAR10 dataset (downloaded with progress and md5 check on first use), errors with remedies."""
     from torchvision.datasets import CIFAR10
 
     ensure_folder(Path(root), "The download folder")  # a file there is not a slow host
     cls = type("CIFAR10Mirror", (CIFAR10,), {"url": mirror_url}) if mirror_url else CIFAR10
     try:
-        ds = cls(root=str(root), train=train, download=True)
+        return cls(root=str(root), train=train, download=True)
     except Exception as err:
         raise SetupError(
             f"Could not download CIFAR-10 into {root} ({type(err).__name__}: {err}). Remedies: retry later "
@@ -82,8 +93,129 @@ def load_torchvision_cifar10(root: str | Path, train: bool, mirror_url: str | No
             f"--data.mirror_url); put an image folder in place and set COURSE_DATA=<folder> (layout "
             f"<folder>/train/<class>/*.jpg); or set COURSE_DATA_ROOT to a folder that already holds "
             f"cifar-10-batches-py/.") from err
+
+
+def load_torchvision_cifar10(root: str | Path, train: bool, mirror_url: str | None = None) -> dict:
+    """torchvision's CIFAR-10 (downloaded on first use) as uint8 tensors."""
+    ds = _torchvision_cifar10(Path(root), train, mirror_url)
     images = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()  # (N, 32, 32, 3) -> (N, 3, 32, 32)
     return {"images": images, "labels": torch.tensor(ds.targets, dtype=torch.long), "classes": list(ds.classes)}
+
+
+def load_tensor_file(path: str | Path) -> dict:
+    """A .pt file of {'images', 'labels', 'classes'} tensors; anything else is one error naming the file and remedy."""
+    remedy = (f"{path} (COURSE_DATA or --data.image_folder) must be a tensor file of images, labels and classes, "
+              f"such as scripts/gpu_check.py --make-subset writes; or point COURSE_DATA at an image folder")
+    try:
+        data = torch.load(path, weights_only=True)
+    except Exception as err:  # unpickling refused, truncated, not a torch file: torch's text suggests unsafe loads
+        raise CourseError(f"{remedy}; it cannot be read as one ({type(err).__name__}).") from None
+    if not isinstance(data, dict) or not {"images", "labels", "classes"} <= set(data):
+        keys = sorted(map(str, data))[:5] if isinstance(data, dict) else ""
+        raise CourseError(f"{remedy}; it holds a {type(data).__name__} {keys}.")
+    return data
+
+
+@dataclass(frozen=True)
+class ImageFolderSource:
+    """<root>/train/<class>/*.jpg (val/ and test/ beside it optional), decoded once into cache_dir's uint8 cache."""
+
+    root: Path
+    cache_dir: Path
+
+    def folder(self, split: str) -> Path | None:
+        """The split's folder of files, or None where this source has no such split (train/ always: checked later)."""
+        return self.root / split if split == "train" or (self.root / split).is_dir() else None
+
+    def classes(self) -> list[str]:
+        return list_image_folder(self.root / "train")[2]
+
+    def ensure_cached(self, split: str) -> None:
+        if self.folder(split):
+            cache_image_folder(self.folder(split), self.cache_dir)
+
+    def load(self, split: str) -> dict | None:
+        return load_image_folder(self.folder(split), self.cache_dir) if self.folder(split) else None
+
+
+@dataclass(frozen=True)
+class TensorFileSource:
+    """A .pt file of {'images', 'labels', 'classes'} training images (e.g. a subset carried to a GPU machine)."""
+
+    path: Path
+
+    def folder(self, split: str) -> None:
+        return None  # no image files behind it
+
+    def classes(self) -> list[str]:
+        return list(LOADED.load(self, "train")["classes"])
+
+    def ensure_cached(self, split: str) -> None:
+        return None  # the file is its own cache
+
+    def load(self, split: str) -> dict | None:
+        return load_tensor_file(self.path) if split == "train" else None
+
+
+@dataclass(frozen=True)
+class TorchvisionSource:
+    """torchvision's CIFAR-10 download (train and test, no val) into root, from its official host or mirror_url."""
+
+    root: Path
+    mirror_url: str | None = None
+
+    def folder(self, split: str) -> None:
+        return None  # the download holds arrays, not image files
+
+    def classes(self) -> list[str]:
+        return list(CIFAR10_CLASSES)
+
+    def ensure_cached(self, split: str) -> None:
+        if split != "val":
+            _torchvision_cifar10(self.root, split == "train", self.mirror_url)  # downloads once, checks the md5
+
+    def load(self, split: str) -> dict | None:
+        return None if split == "val" else load_torchvision_cifar10(self.root, split == "train", self.mirror_url)
+
+
+Source = ImageFolderSource | TensorFileSource | TorchvisionSource
+
+
+def open_source(path: str | Path | None, *, data_dir: str | Path, mirror_url: str | None = None) -> Source:
+    """The one decision of a data source's format: None (or 'torchvision') is the download into data_dir, a file is a
+    tensor file, anything else an image folder (a missing one is reported, with its remedy, when it is read)."""
+    if path is None or str(path).strip() in ("", "torchvision"):
+        return TorchvisionSource(Path(data_dir), mirror_url)
+    path = Path(path).expanduser()
+    return TensorFileSource(path) if path.is_file() else ImageFolderSource(path, Path(data_dir) / "cache")
+
+
+class LoadedSplits:
+    """Splits this process has loaded, keyed by (source, split), the most recent `size` kept: benchmarks building
+    many DataModules on one source decode or read the disk once. Only load() fills it (DataModule.setup); a folder
+    edited within the process is not seen until clear(). Loaded splits are read-only: datasets index into them."""
+
+    def __init__(self, size: int = 8):
+        self.size, self._splits = size, OrderedDict()
+
+    def holds(self, source: Source, split: str) -> bool:
+        return (source, split) in self._splits
+
+    def load(self, source: Source, split: str) -> dict | None:
+        """source.load(split), from memory when this process loaded it already."""
+        key = (source, split)
+        if key not in self._splits:
+            self._splits[key] = source.load(split)
+            if len(self._splits) > self.size:
+                self._splits.popitem(last=False)
+        self._splits.move_to_end(key)
+        return self._splits[key]
+
+    def clear(self) -> None:
+        self._splits.clear()
+
+
+LOADED = LoadedSplits()  # the process's one memo of loaded splits (see LoadedSplits)
 
 
 def save_image_folder(data: dict, split_dir: str | Path, quality: int = 95) -> Path:

@@ -57,7 +57,7 @@ import lesson_checks  # noqa: E402
 
 from course_lib import config, experiments, hardware, models, muon, results, speedrun, verdict  # noqa: E402
 from course_lib.ondevice import SpeedrunDataModule  # noqa: E402
-from course_lib.sources import list_image_folder  # noqa: E402
+from course_lib.sources import ImageFolderSource, list_image_folder, open_source  # noqa: E402
 
 ORDER = ("setup", "a", "b", "c", "summary", "e", "f", "muon", "d")
 def make_data(folder: Path, out: Path) -> None:
@@ -287,7 +287,8 @@ def main() -> int:
     gpu = hardware.gpu_count() > 0
     dry = args.dry_run or not gpu or config.run_size().name == "smoke"
     source = Path(config.data_source(args.data, need_files=True))
-    if source.is_dir():  # a JPEG folder: pack it, as --make-data does, then use the pack
+    if isinstance(open_source(source, data_dir=config.data_root()), ImageFolderSource):  # pack it, as --make-data
+        # does, then use the pack
         pack = config.build_dir() / "capstone" / "pack.pt"
         make_data(source / "train", pack)
         source = pack

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from course_lib import bench, config, hardware, results, runs
 from course_lib.modules import ImageClassifierModule
-from course_lib.sources import load_image_folder
+from course_lib.sources import ImageFolderSource, load_image_folder, open_source
 
 TARGETS = [  # (lesson, config, baseline, required speedup): the issue's targets for an H100/H200-class GPU
     ("03", "small CNN, GPU-resident data", "small CNN, DataLoader 8 workers", 1.5),
@@ -39,7 +39,8 @@ def save_subset(data: dict, out: Path, n: int) -> Path:
 def make_subset(out: Path, n: int) -> None:
     """Save a seeded random subset of the real training images as one uint8 tensor file to carry."""
     source = Path(config.data_source(need_files=True))
-    if not source.is_dir():  # a tensor file: it is already what this would write
+    if not isinstance(open_source(source, data_dir=config.data_root()), ImageFolderSource):  # a tensor file: it
+        # is already what this would write
         raise ValueError(f"A subset is cut from an image folder, and the data source is the file {source}. Carry "
                          f"that file as it is (--data {source}), or point --data or COURSE_DATA at a folder "
                          f"laid out as <folder>/train/<class>/*.jpg.")

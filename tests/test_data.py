@@ -108,6 +108,18 @@ def test_split_indices_disjoint_and_covering():
     assert torch.equal(torch.cat(parts).sort().values, torch.arange(1000))
 
 
+@pytest.mark.parametrize("n, fractions, seed", [(60, [0.1, 0.1], 0), (1000, [0.1, 0.2], 3), (1000, [0.0, 0.1], 1),
+                                                (50_000, [0.1, 0.1], 0), (50_000, [0.0], 2)])
+def test_split_indices_through_random_split_are_the_former_indices(n, fractions, seed):
+    """random_split(generator=) carves exactly the parts the former randperm + torch.split did: every lesson's
+    held-out images stay the same."""
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    sizes = [int(round(f * n)) for f in fractions]
+    former = torch.split(perm, sizes + [n - sum(sizes)])
+    parts = split_indices(n, fractions, seed)
+    assert len(parts) == len(former) and all(torch.equal(p, q) for p, q in zip(parts, former))
+
+
 def test_split_indices_rejects_impossible_fractions():
     """Fractions that leave a part empty by rounding, or negative ones, raise ValueError; exactly 0 asks for none."""
     with pytest.raises(ValueError, match="Cannot carve"):
@@ -162,6 +174,24 @@ def test_prepare_data_after_setup_does_not_list_the_folder_again(tiny_folder, tm
     dm.prepare_data()
     dm.setup("fit")
     assert calls == [] and len(dm.train_set) > 0
+
+
+def test_prepare_data_sets_no_state_and_setup_loads_once(tiny_folder, tmp_path, monkeypatch):
+    """prepare_data only writes the on-disk cache (Lightning runs it on one process): no attribute of the module, no
+    split in the process's memo; setup loads each split once, and another module on the same source reuses it."""
+    from course_lib import sources
+
+    dm = tiny_dm(tiny_folder, tmp_path)
+    before = dict(vars(dm))
+    dm.prepare_data()
+    assert vars(dm) == before and not sources.LOADED.holds(dm.source, "train")
+    assert list((tmp_path / "data" / "cache").glob("train-*.pt"))
+    dm.setup("fit")
+    assert sources.LOADED.holds(dm.source, "train")
+    monkeypatch.setattr(sources, "load_image_folder", lambda *a: pytest.fail("read again"))
+    again = tiny_dm(tiny_folder, tmp_path)
+    again.setup("fit")
+    assert torch.equal(again.train_set.images, dm.train_set.images)
 
 
 def test_cache_invalidated_when_folder_changes(make_folder, tmp_path):

@@ -13,9 +13,16 @@ import pytest
 from conftest import DataUnavailable, locate_cifar_folder
 from torchvision.datasets import CIFAR10
 
-from course_lib import config
+from course_lib import config, jpeg
 from course_lib.data import CIFAR10_CLASSES
-from course_lib.sources import decode_image, list_image_folder
+from course_lib.sources import (
+    ImageFolderSource,
+    TensorFileSource,
+    TorchvisionSource,
+    decode_image,
+    list_image_folder,
+    open_source,
+)
 
 PER_CLASS = 3  # real images per class in the local archive: 30 in all, 5 training batches of 6
 
@@ -84,11 +91,34 @@ def test_course_data_wins(tmp_path, monkeypatch):
     assert locate_cifar_folder(config.data_source(), tmp_path / "root") == tmp_path / "mine"
 
 
-def test_course_data_without_train_split_names_the_layout(tmp_path):
+def test_course_data_without_train_split_names_the_layout(tmp_path, monkeypatch):
     """A COURSE_DATA folder with no train/ split is an error naming the variable and the layout, not a download."""
-    with pytest.raises(DataUnavailable, match="COURSE_DATA") as err:
-        locate_cifar_folder(str(tmp_path), tmp_path / "root")
+    monkeypatch.setenv(config.DATA_ENV, str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="COURSE_DATA") as err:
+        config.data_source()
     assert "<folder>/train/<class>/*.jpg" in str(err.value)
+
+
+def test_jpeg_folder_takes_the_resolvers_answer_without_resolving_again(tmp_path, monkeypatch):
+    """jpeg.jpeg_folder uses config.data_source's answer as it is: a folder is returned, a tensor file refused."""
+    (tmp_path / "mine" / "train").mkdir(parents=True)
+    (tmp_path / "subset.pt").write_bytes(b"")
+    monkeypatch.setattr(config, "data_source", lambda *a, **k: pytest.fail("resolved again"))
+    assert jpeg.jpeg_folder(str(tmp_path / "mine"), tmp_path / "root") == tmp_path / "mine"
+    with pytest.raises(FileNotFoundError, match="is a file"):
+        jpeg.jpeg_folder(str(tmp_path / "subset.pt"), tmp_path / "root")
+
+
+def test_open_source_is_the_one_format_decision(tmp_path):
+    """None or 'torchvision': the download; a file: a tensor file (whatever its suffix); anything else: a folder."""
+    (tmp_path / "f" / "train").mkdir(parents=True)
+    (tmp_path / "subset.bin").write_bytes(b"")
+    kw = dict(data_dir=tmp_path / "data", mirror_url="http://mirror")
+    assert open_source(None, **kw) == open_source("torchvision", **kw) == TorchvisionSource(tmp_path / "data",
+                                                                                           "http://mirror")
+    assert open_source(tmp_path / "subset.bin", **kw) == TensorFileSource(tmp_path / "subset.bin")
+    assert open_source(str(tmp_path / "f"), **kw) == ImageFolderSource(tmp_path / "f", tmp_path / "data" / "cache")
+    assert open_source(tmp_path / "absent", **kw).folder("train") == tmp_path / "absent" / "train"  # read later
 
 
 def test_shared_folder_used_without_course_data(tmp_path, monkeypatch):
