@@ -26,11 +26,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from course_lib import config, flops, hardware, models, results  # noqa: E402
+from course_lib import config, flops, hardware, models, results, runner  # noqa: E402
 from course_lib.internals import TorchDispatchMode  # noqa: E402  (sees every aten op; a private torch name)
 
-LESSONS = ("00_setup", "01_pytorch_baseline", "02_lightning", "03_gpu_and_data", "04_mixed_precision",
-           "05_compile_and_tuning", "06_ddp", "07_quantization", "08_capstone")
+LESSONS = tuple(path.stem for path in runner.lesson_paths(ROOT / "notebooks"))  # a new lesson needs lesson_items
 IMAGE_FLOATS = 3 * 32 * 32  # one CIFAR-10 image, (3, 32, 32)
 SPLIT_IMAGES = 50_000  # CIFAR-10's training JPEGs; lessons 01-07 carve 10 % validation and 10 % test from them
 
