@@ -6,7 +6,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 
 import lightning as L
@@ -14,7 +13,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from . import config, hardware, internals, runfolder, runs
+from . import config, hardware, internals, runfolder, runs, timing
 from .arguments import check_config_files, configs_first, given_settings, resume_command
 from .data import CIFAR10DataModule
 from .errors import CourseError
@@ -29,32 +28,33 @@ DEBUG_ENV = "COURSE_DEBUG"  # set to 1 (or pass --debug) for the full traceback 
 class EpochLines(L.Callback):
     """One line per epoch (time and logged metrics) instead of a progress bar, for logs written to a file."""
 
-    _start: float | None = None
+    _watch: timing.Stopwatch | None = None  # the running epoch's, validation included
     _resumed_at = 0  # batches of the first epoch done before a mid-epoch resume (its train metrics miss them)
 
     def _print_finished_epoch(self, trainer) -> None:
         """Print the epoch that just ended; its train metrics exist only once the module's epoch-end hook ran."""
-        if self._start is not None:
+        if self._watch is not None:
             metrics = " | ".join(f"{k} {v.item():.4g}" for k, v in sorted(trainer.callback_metrics.items()))
             resumed = (f" | resumed: train metrics from batch {self._resumed_at + 1} on"
                        if self._resumed_at else "")
-            print(f"epoch {trainer.current_epoch}/{trainer.max_epochs} | {time.perf_counter() - self._start:.1f} s "
+            print(f"epoch {trainer.current_epoch}/{trainer.max_epochs} | {self._watch.elapsed():.1f} s "
                   f"with validation | {metrics}{resumed}", flush=True)
             self._resumed_at = 0
 
     def on_train_start(self, trainer, pl_module) -> None:
         done = internals.epoch_batch_progress(trainer).completed if trainer.ckpt_path else 0
         self._resumed_at = done if 0 < done < trainer.num_training_batches else 0
-        self._start = time.perf_counter() if self._resumed_at else None  # no epoch-start hook for a resumed epoch
+        # no epoch-start hook for a resumed epoch: its watch starts here
+        self._watch = timing.Stopwatch(pl_module.device).start() if self._resumed_at else None
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        if self._start is not None:
+        if self._watch is not None:
             self._print_finished_epoch(trainer)  # current_epoch already counts the finished one
-        self._start = time.perf_counter()
+        self._watch = timing.Stopwatch(pl_module.device).start()
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._print_finished_epoch(trainer)
-        self._start = None
+        self._watch = None
 
 
 class StopAtStepEnd(L.Callback):

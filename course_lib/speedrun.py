@@ -8,7 +8,6 @@ from dataclasses import asdict, dataclass
 import lightning as L
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import nn
 
 from . import hardware, runs
@@ -212,7 +211,8 @@ def fresh_weights(module: SpeedrunModule, seed: int) -> None:
 
 def make_trainer(epochs: float, precision: str | None = None, steps_per_epoch: int | None = None,
                  **kwargs) -> L.Trainer:
-    """A Trainer for timing: no validation, logger, checkpoints or progress bar; precision from choose_precision.
+    """runs.trainer's timing Trainer (no validation, logger, checkpoints or progress bar; precision from
+    choose_precision, fp16 on a CPU as Lightning's plugin) for `epochs` of the recipe; kwargs: more Trainer settings.
 
     Fractional epochs (airbench's 9.9, EPOCHS) need steps_per_epoch (len of the training batches): the Trainer then
     stops after total_steps(epochs, steps_per_epoch) steps, and the LR schedule spans exactly those."""
@@ -220,14 +220,7 @@ def make_trainer(epochs: float, precision: str | None = None, steps_per_epoch: i
         raise ValueError(f"epochs={epochs} is fractional: pass steps_per_epoch=len(<training batches>) so the Trainer "
                          f"can stop after ceil(epochs x steps_per_epoch) steps.")
     steps = total_steps(epochs, steps_per_epoch) if steps_per_epoch else -1
-    kwargs = {"max_epochs": math.ceil(epochs), "max_steps": steps, **kwargs}
-    if hardware.choose_precision(precision) == "16-mixed" and (kwargs.get("accelerator") == "cpu"
-                                                             or not hardware.gpu_count()):
-        # the policy chose fp16 (a GPU without bf16, emulated on a CPU by the tests): Lightning would quietly swap
-        # 16-mixed for bf16-mixed on a CPU, so its fp16 plugin is passed explicitly, with the GradScaler("cpu")
-        fp16 = {"precision": None, "plugins": [MixedPrecision("16-mixed", "cpu")]}
-        return L.Trainer(**{**runs.trainer_kwargs(None, "32-true", timing=True, **kwargs), **fp16})
-    return runs.trainer(None, precision, timing=True, **kwargs)
+    return runs.trainer(None, precision, timing=True, **{"max_epochs": math.ceil(epochs), "max_steps": steps, **kwargs})
 
 
 class Twin:

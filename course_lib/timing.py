@@ -1,6 +1,10 @@
-"""Timing on any device: DeviceTimer marks (CUDA events, one synchronize per measured window on a GPU, a host clock
-elsewhere), the training callbacks built on them (BenchCallback, EpochTimer), and micro-timing of single calls through
-torch.utils.benchmark.Timer (time_calls)."""
+"""The one home of the course's timing; each need has one tool, and every device is synchronized where it must be:
+
+- a region timed by hand (a check's run, a script's phase, a communication call): `Stopwatch`, a host clock with
+  the device synchronized at both ends (`sync`); lessons 01, 03 and 05 write that loop out, since they teach it;
+- training steps and epochs inside a fit: `BenchCallback` (step, data wait, warm-up, memory) and `EpochTimer`, on
+  `DeviceTimer` marks (CUDA events on a GPU, one synchronize per measured window, not one per step);
+- one call, repeated: `time_calls`, torch.utils.benchmark.Timer's adaptive blocks."""
 from __future__ import annotations
 
 import math
@@ -20,6 +24,43 @@ def sync(device: torch.device | str) -> None:
     """Wait for queued GPU work, so a host clock read next measures the work and not just its launch."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
+
+
+class Stopwatch:
+    """Seconds of hand-timed regions: `with watch:` adds one region's seconds to `watch.seconds` (a host clock read with
+    `device` synchronized at both ends, so a GPU's queued work counts, not just its launch); `elapsed()` reads a
+    region still running (a per-epoch line).
+
+    One region costs two synchronizes: for whole runs, phases and calls, not for each step of a fit (BenchCallback)."""
+
+    def __init__(self, device: torch.device | str = "cpu", clock: Callable[[], float] = time.perf_counter):
+        self.device, self.clock = torch.device(device), clock
+        self.seconds = 0.0  # the finished regions' total
+        self._start: float | None = None  # clock() at the running region's start
+
+    def start(self) -> Stopwatch:
+        """Begin a region (after the device's queued work) and return the watch."""
+        sync(self.device)
+        self._start = self.clock()
+        return self
+
+    def elapsed(self) -> float:
+        """Seconds since the running region began, its device work included."""
+        if self._start is None:
+            raise RuntimeError("Stopwatch.elapsed(): no region is running; call start() or use `with watch:` first.")
+        sync(self.device)
+        return self.clock() - self._start
+
+    def stop(self) -> float:
+        """End the running region, add it to `seconds` and return its own seconds."""
+        region = self.elapsed()
+        self.seconds, self._start = self.seconds + region, None
+        return region
+
+    __enter__ = start
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
 
 class DeviceTimer:

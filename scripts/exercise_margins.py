@@ -15,9 +15,8 @@ import contextlib
 import io
 import subprocess
 import sys
-import time
 
-from course_lib import config, exercises, hardware, runs
+from course_lib import config, exercises, hardware, runs, timing
 from course_lib.exercises import Grading, inference
 
 MIN_MARGIN = 1.25  # issue 20: each solution clears its bar by at least this factor
@@ -62,10 +61,10 @@ def row(lesson: str, size: str) -> tuple[str, float | None]:
     """One markdown table row for `lesson`, and the solution's margin (None where it was not timed)."""
     _, number, name = EXERCISES[lesson]
     inputs = inference.inputs_07() if lesson == "07" else ()
-    start = time.perf_counter()
-    _, starter_grades, starter_out = graded(lesson, exercises.starter(lesson, number)[name], inputs, time_failing=True)
-    passed, grades, out = graded(lesson, exercises.solution(lesson)[name], inputs, time_failing=False)
-    seconds = time.perf_counter() - start
+    with timing.Stopwatch() as both:  # the starter's check and the solution's (each check times on its device itself)
+        _, starter_grades, starter_out = graded(lesson, exercises.starter(lesson, number)[name], inputs,
+                                                time_failing=True)
+        passed, grades, out = graded(lesson, exercises.solution(lesson)[name], inputs, time_failing=False)
     if not grades:  # the solution failed its mechanism or raised: say why, from its own output
         last = [line for line in out.strip().splitlines() if line.strip()][-1:] or ["no output"]
         return f"| {lesson} | | {ratio_text(starter_grades)} | not timed | | FAIL: {last[0][:80]} | | {size} | |", None
@@ -77,7 +76,7 @@ def row(lesson: str, size: str) -> tuple[str, float | None]:
         verdict += "; the STARTER reaches the bar"
     return (f"| {lesson} | {g['target']:g}x {g['what']} | {ratio_text(starter_grades)} | {ratio_text(grades)} | "
             f"{margin:.2f} | {verdict}{' (' + others + ')' if others else ''} | {g['hardware'] or hardware.label()} | "
-            f"{size} | {g['rounds']} rounds, {seconds:.0f} s |"), margin
+            f"{size} | {g['rounds']} rounds, {both.seconds:.0f} s |"), margin
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -91,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.row:
         print(row(args.row, size)[0], flush=True)
         return
-    start = time.perf_counter()
+    every = timing.Stopwatch().start()  # the lessons' processes, one after another
     print(f"Exercise margins on {hardware.label()}, run size {size} (ratio: baseline's cost / yours, median of the "
           f"rounds, per-round range in brackets; margin: solution's ratio / bar, floor {MIN_MARGIN})\n")
     print("| lesson | bar | starter | solution | margin | verdict | hardware | size | runs |")
@@ -103,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         rows = [line for line in done.stdout.splitlines() if line.startswith(f"| {lesson} |")]
         why = (done.stderr.strip().splitlines() or ["no output"])[-1][:120]
         print(rows[-1] if rows else f"| {lesson} | | | | | ERROR: {why} | | {size} | |", flush=True)
-    print(f"\n{len(args.lessons)} lessons in {time.perf_counter() - start:.0f} s")
+    print(f"\n{len(args.lessons)} lessons in {every.elapsed():.0f} s")
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ import airbench_muon_port  # noqa: E402
 import airbench_port  # noqa: E402
 import lesson_checks  # noqa: E402
 
-from course_lib import config, experiments, hardware, models, muon, results, speedrun, verdict  # noqa: E402
+from course_lib import config, experiments, hardware, models, muon, results, speedrun, timing, verdict  # noqa: E402
 from course_lib.ondevice import SpeedrunDataModule  # noqa: E402
 from course_lib.sources import ImageFolderSource, list_image_folder, open_source  # noqa: E402
 
@@ -302,12 +302,11 @@ def main() -> int:
     epochs, args.seeds_list = (size.epochs - 0.5, [0, 1]) if dry else (args.epochs, list(range(args.seeds)))
     precision = hardware.choose_precision()  # the course's policy: bf16 where native
     torch.backends.cudnn.benchmark = gpu
-    start = time.perf_counter()
-    dm = SpeedrunDataModule(image_folder=str(source), batch_size=batch, subset=subset, eval_subset=eval_subset,
-                            seed=0, device="cuda" if gpu else "cpu")
-    dm.prepare_data()
-    dm.setup("fit")
-    data_s = time.perf_counter() - start
+    with timing.Stopwatch("cuda" if gpu else "cpu") as load:  # until the split is on the device
+        dm = SpeedrunDataModule(image_folder=str(source), batch_size=batch, subset=subset, eval_subset=eval_subset,
+                                seed=0, device="cuda" if gpu else "cpu")
+        dm.prepare_data()
+        dm.setup("fit")
     info = hardware.facts()
     out = results.report_path("gpu_capstone", None if dry else info["gpu"], suffix="-capstone")
     report = results.Report(out, f"Lesson 08 capstone on {hardware.label(info)}{' (dry run)' if dry else ''}",
@@ -318,7 +317,7 @@ def main() -> int:
         f"split of the 50,000 training JPEGs (no validation), the same images for (a), (b) and (c); airbench's own "
         f"benchmark uses 50,000 + the official 10,000 test images. AirNet{widths}, batch {batch}, {epochs} epochs "
         f"({steps} steps), TTA level 2; course: {precision}, channels_last and compile {gpu and not dry}. "
-        f"Data loading ({data_s:.1f} s) and warm-up runs are not in the times. {len(args.seeds_list)} timed runs "
+        f"Data loading ({load.seconds:.1f} s) and warm-up runs are not in the times. {len(args.seeds_list)} timed runs "
         f"per part, seeds {args.seeds_list}; budget {args.budget:.0f} s.", ""])
     a = guarded(report, "a", ["## (a) airbench94 itself"], lambda: part_a(args, dm, report, deadline, dry))
     module = speedrun.SpeedrunModule(speedrun.Recipe(widths=widths, batch_size=batch, channels_last=gpu and not dry,

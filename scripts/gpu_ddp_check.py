@@ -13,24 +13,23 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout: no install needed (GPU machine)
 
 import gpu_check  # this folder: its warm-up rule
 
-from course_lib import bench, config, hardware, results, scaling
+from course_lib import bench, config, hardware, results, scaling, timing
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def run(cmd: list[str], timeout: float = 600, env: dict | None = None) -> tuple[int, str, float]:
     """Exit code, combined output and wall time of a command run in the repository root (env: extra variables)."""
-    start = time.perf_counter()
-    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                         env={**config.child_env(), **(env or {})})
-    return res.returncode, res.stdout + res.stderr, time.perf_counter() - start
+    with timing.Stopwatch() as wall:  # the child's own work: nothing of this process's to synchronize
+        res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                             env={**config.child_env(), **(env or {})})
+    return res.returncode, res.stdout + res.stderr, wall.seconds
 
 
 def main() -> int:
@@ -51,8 +50,7 @@ def main() -> int:
     out = config.build_dir() / "gpu_ddp_check"
     shutil.rmtree(out, ignore_errors=True)  # a fresh run folder, so the rank-0-only check sees this run's files
     out.mkdir(parents=True)
-    start = time.perf_counter()
-
+    whole = timing.Stopwatch().start()  # every measurement below runs in child processes
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for k in counts:
@@ -84,7 +82,7 @@ def main() -> int:
 
     lines = [f"Data: {data}; {model}, {batch} images per process, {precision}; {warmup} warm-up + {steps} timed "
              f"steps per row, one run each, each in fresh processes (strategy ddp); total "
-             f"{time.perf_counter() - start:.0f} s.", "", bench.table(rows), "", "## Scaling efficiency", "",
+             f"{whole.elapsed():.0f} s.", "", bench.table(rows), "", "## Scaling efficiency", "",
              *(eff or ["- one device only: no multi-device row"]), "",
              "## torchrun + `python -m course_lib fit`", "", f"`{' '.join(cli[1:])}`", "",
              f"- exit code {rc} in {secs:.0f} s; log folders {versions}; checkpoints {ckpts} "

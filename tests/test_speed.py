@@ -188,6 +188,24 @@ def test_epoch_timer_syncs_once_per_fit_and_leaves_validation_out(fake_cuda, epo
     assert len(fake_cuda) == 1
 
 
+def test_stopwatch_synchronizes_at_both_ends_and_sums_its_regions(fake_cuda):
+    """A hand-timed region on CUDA waits for the device before its first clock reading and before its last, so queued
+    work counts; regions of one watch add up; elapsed() reads a running region; a CPU watch never synchronizes."""
+    watch = timing.Stopwatch("cuda", clock=FakeClock(1.0))  # each reading 1 s after the last
+    with watch:
+        assert len(fake_cuda) == 1
+    with watch:
+        pass
+    assert len(fake_cuda) == 4 and watch.seconds == pytest.approx(2.0)
+    assert watch.start().elapsed() == pytest.approx(1.0) and watch.stop() == pytest.approx(2.0)
+    assert watch.seconds == pytest.approx(4.0) and len(fake_cuda) == 7
+    with pytest.raises(RuntimeError, match="start"):
+        watch.elapsed()
+    with timing.Stopwatch("cpu", clock=FakeClock(1.0)) as cpu:
+        pass
+    assert cpu.seconds == pytest.approx(1.0) and len(fake_cuda) == 7
+
+
 def test_bench_rows_count_every_process():
     """With `world` processes in lock-step, the row's images/s and batch are rank 0's times world (known clock)."""
     rows = {world: run_callback_window(1, 4, timing.BenchCallback(1, 4, FakeClock(1.0)), "cpu", world).summary(

@@ -4,7 +4,6 @@ the baseline measured alternately in the same run."""
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Callable
 
 import PIL.Image
@@ -59,10 +58,10 @@ def _03_seconds_per_batch(dm, batches: int) -> float:
     """Seconds per batch the DataModule's training loader delivers, after its first batch (workers start there)."""
     it = iter(dm.train_dataloader())
     next(it)
-    start = time.perf_counter()
-    for _ in range(batches):
-        next(it)
-    return (time.perf_counter() - start) / batches
+    with timing.Stopwatch() as watch:  # the loader's host work: its batches stay on the CPU here
+        for _ in range(batches):
+            next(it)
+    return watch.seconds / batches
 
 
 def _03_measure(make_data: Callable, batch_size: int, steps: int, rounds: int) -> dict[str, list[float]]:
