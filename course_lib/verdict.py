@@ -1,6 +1,6 @@
 """Verdicts in words from measured figures: faster, slower or no difference, called by a rule whose false-positive
-rate is known (at most ALPHA = 5 %), targets met or missed, spreads and plain numbers, so a lesson's conclusion is
-printed from its run.
+rate is known (at most ALPHA = 5 %), a measured figure against a target (met or missed: the one rule, against()),
+spreads and plain numbers, so a lesson's conclusion is printed from its run.
 
 The rule. A difference is called only when (1) the exact interval of the ratio (or difference) excludes "no change":
 the sign test over paired rounds, the rank-sum test over unpaired runs, Student's t for means (course_lib.significance,
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 from typing import Sequence
 
 from . import significance
@@ -165,25 +166,48 @@ def _decimals(fmt: str) -> int:
     return int(fmt.split(".")[1][0]) if "." in fmt and fmt.split(".")[1][:1].isdigit() else 2
 
 
+def reaches(value: float, goal: float, *, higher_is_better: bool = True) -> bool:
+    """Whether one figure meets its target: >= goal, or <= goal for lower-is-better targets."""
+    return value >= goal if higher_is_better else value <= goal
+
+
 def past(values: Sequence[float], goal: float, higher_is_better: bool = True) -> int:
-    """How many of the values reach the goal (>= goal, or <= goal for lower-is-better targets)."""
-    return sum(v >= goal if higher_is_better else v <= goal for v in values)
+    """How many of the values reach the goal (reaches())."""
+    return sum(reaches(v, goal, higher_is_better=higher_is_better) for v in values)
 
 
-def target(values: Sequence[float], goal: float, name: str, *, higher_is_better: bool = True, unit: str = "x",
-           fmt: str = "{:.2f}") -> str:
-    """'A meets the target of at least 2.00x: median 2.31x (rounds 2.10x–2.52x; 3 of 3 rounds at or past it)', or
-    'misses'. The median decides; the count of rounds past the goal shows how firmly (exercises.Grading.grade
-    reports the same way)."""
-    if not values:
+@dataclass(frozen=True)
+class TargetCheck:
+    """A measured figure against a target: the deciding value, and how firmly the rounds agree with it."""
+    value: float  # the figure that decides: the rounds' median unless the caller gives its own (a ratio of medians)
+    goal: float
+    low: float  # the smallest and largest round
+    high: float
+    past: int  # rounds at or past the goal
+    rounds: int
+    met: bool
+
+    @property
+    def straddles(self) -> bool:
+        """Some but not all rounds past the goal: the rounds straddle it (a noisy machine: a re-run may differ)."""
+        return 0 < self.past < self.rounds
+
+
+def against(rounds: Sequence[float], goal: float, *, value: float | None = None,
+            higher_is_better: bool = True) -> TargetCheck:
+    """The one rule for a target: `value` (the median of `rounds` unless given) decides met or missed; the count of
+    rounds past the goal shows how firmly. exercises.Grading.grade and the GPU scripts' target lines use it."""
+    if not rounds:
         raise ValueError("A target verdict needs at least one measurement.")
-    med = statistics.median(values)
-    word = "at least" if higher_is_better else "at most"
-    verdict = "meets" if past([med], goal, higher_is_better) else "misses"
-    rng = (f"median {fmt.format(med)}{unit}; a single round, so no spread" if len(values) == 1 else
-           f"median {fmt.format(med)}{unit} (rounds {fmt.format(min(values))}{unit}–{fmt.format(max(values))}{unit}; "
-           f"{past(values, goal, higher_is_better)} of {len(values)} rounds at or past it)")
-    return f"{name} {verdict} the target of {word} {fmt.format(goal)}{unit}: {rng}"
+    value = statistics.median(rounds) if value is None else value
+    return TargetCheck(value=value, goal=goal, low=min(rounds), high=max(rounds),
+                       past=past(rounds, goal, higher_is_better), rounds=len(rounds),
+                       met=reaches(value, goal, higher_is_better=higher_is_better))
+
+
+def target_line(label: str, got: float, goal: float) -> str:
+    """A speed-up against its target in a report: 'label = 2.31x (target 2.0x): met', or 'MISSED'."""
+    return f"{label} = {got:.2f}x (target {goal}x): {'met' if against([got], goal).met else 'MISSED'}"
 
 
 def paired_accuracy(correct_a: Sequence[bool], correct_b: Sequence[bool], name_a: str, name_b: str) -> str:

@@ -16,7 +16,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout: no install needed (GPU machine)
 
-from course_lib import bench, config, hardware, results, runs
+from course_lib import bench, config, hardware, results, runs, verdict
 from course_lib.modules import ImageClassifierModule
 from course_lib.sources import ImageFolderSource, load_image_folder, open_source
 
@@ -25,6 +25,19 @@ TARGETS = [  # (lesson, config, baseline, required speedup): the issue's targets
     ("04", "ResNet-9 bf16-mixed", "ResNet-9 fp32", 2.0),
     ("05", "ResNet-9 bf16 + compile + channels_last", "ResNet-9 bf16-mixed", 1.3),
 ]
+
+
+def target_lines(speed: dict[str, float], *, unmeasured: bool = True) -> list[str]:
+    """'- lesson 04: A / B = 2.31x (target 2.0x): met' (or MISSED, by verdict.target_line) for each of TARGETS whose
+    rows were measured; with unmeasured, a 'not measured here' line for the others. speed: row name -> images/s."""
+    lines = []
+    for lesson, name, base, need in TARGETS:
+        if name in speed and base in speed:
+            got = speed[name] / speed[base]
+            lines.append(f"- lesson {lesson}: {verdict.target_line(f'{name} / {base}', got, need)}")
+        elif unmeasured:
+            lines.append(f"- lesson {lesson}: {name} / {base}: not measured here")
+    return lines
 
 
 def save_subset(data: dict, out: Path, n: int) -> Path:
@@ -117,14 +130,7 @@ def main() -> int:
     speed = {r["name"]: r["images_per_s"] for r in rows}
     lines = [f"Data: {source}; batch {args.batch}; {args.warmup} warm-up + {args.steps} timed steps per row, one run "
              f"each; total {time.perf_counter() - start:.0f} s.", "", bench.table(rows), "", "## Targets", ""]
-    for lesson, name, base, need in TARGETS:
-        if name not in speed or base not in speed:
-            lines.append(f"- lesson {lesson}: {name} / {base}: not measured here")
-            continue
-        got = speed[name] / speed[base]
-        lines.append(f"- lesson {lesson}: {name} / {base} = {got:.2f}x (target {need}x): "
-                     f"{'met' if got >= need else 'MISSED'}")
-    lines += skipped
+    lines += target_lines(speed) + skipped
     info = hardware.facts()
     out = results.report_path("gpu_check", info["gpu"])  # without a GPU only a dry run, kept out of docs/
     results.write_report(out, f"GPU check on {hardware.label(info)}", lines, info)

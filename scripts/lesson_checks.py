@@ -55,9 +55,7 @@ def run(source: Path, deadline: float, dry: bool, info: dict, show=print) -> lis
         except Exception as err:  # noqa: BLE001
             notes.append(f"- {name}: FAILED: {type(err).__name__}: {str(err)[-300:]}")
         speed = {r["name"]: r["images_per_s"] for r in rows}
-        targets = [f"- lesson {lesson}: {n} / {base} = {speed[n] / speed[base]:.2f}x (target {need_x}x): "
-                   f"{'met' if speed[n] / speed[base] >= need_x else 'MISSED'}"
-                   for lesson, n, base, need_x in gpu_check.TARGETS if n in speed and base in speed]
+        targets = gpu_check.target_lines(speed, unmeasured=False)
         lines = [f"Data: {subset} ({n:,} images, gpu_check.py's subset); batch {batch}; {warmup} warm-up "
                  f"+ {steps} timed steps per row, one run each; part (d) of scripts/gpu_capstone.py.", "",
                  bench.table(bench.add_speedups(rows, rows[0]["name"])) if rows else "(no row yet)", "",

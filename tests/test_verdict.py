@@ -100,13 +100,24 @@ def test_difference_of_single_runs_against_a_seed_spread():
 
 
 def test_target_median_decides_and_the_count_shows_how_firmly():
-    """The median decides; the line counts the rounds past the goal; 'at most' for lower-is-better targets."""
-    met = verdict.target([2.1, 2.5, 1.9], 2.0, "speedup")
-    assert met.startswith("speedup meets the target of at least 2.00x") and "2 of 3 rounds at or past it" in met
-    missed = verdict.target([1.9, 1.8, 2.05], 2.0, "speedup")
-    assert missed.startswith("speedup misses the target of at least 2.00x") and "1 of 3 rounds" in missed
-    assert "meets the target of at most 1.05x" in verdict.target([1.02], 1.05, "overhead", higher_is_better=False)
-    assert "single round" in verdict.target([1.02], 1.05, "overhead", higher_is_better=False)
+    """The median decides (or the caller's own value, a ratio of medians); the count of rounds past the goal shows
+    how firmly and whether they straddle it; <= for lower-is-better targets; no measurement is an error."""
+    met = verdict.against([2.1, 2.5, 1.9], 2.0)
+    assert met.met and met.value == 2.1 and (met.past, met.rounds, met.low, met.high) == (2, 3, 1.9, 2.5)
+    assert met.straddles
+    missed = verdict.against([1.9, 1.8, 2.05], 2.0)
+    assert not missed.met and missed.past == 1
+    assert verdict.against([1.9, 1.8], 2.0, value=2.0).met and not verdict.against([1.9, 1.8], 2.0).straddles
+    assert verdict.against([1.02], 1.05, higher_is_better=False).met
+    assert not verdict.against([1.07], 1.05, higher_is_better=False).met
+    with pytest.raises(ValueError, match="at least one measurement"):
+        verdict.against([], 2.0)
+
+
+def test_target_line_says_met_or_missed():
+    """The GPU reports' line: the speed-up to two decimals against its target, met at or past it, else MISSED."""
+    assert verdict.target_line("A / B", 2.0, 2.0) == "A / B = 2.00x (target 2.0x): met"
+    assert verdict.target_line("A / B", 1.494, 1.5) == "A / B = 1.49x (target 1.5x): MISSED"
 
 
 def test_number_is_plain():

@@ -31,7 +31,7 @@ class Grading:
     def grade(self, name: str, base: list[float], mine: list[float], target: float, *, what: str = "time",
               hardware: str | None = None) -> bool:
         """Grade measured costs (lower is better; one per alternating round): passes when median(base) /
-        median(mine) reaches `target`. As verdict.target reports a target, the median decides and the count of
+        median(mine) reaches `target`. verdict.against decides: that ratio of medians decides, and the count of
         rounds whose own ratio reaches the target shows how firmly; some but not all past it means the rounds
         straddle the target (a noisy machine: a re-run may differ). No clock here: tests inject the costs."""
         if not base or len(base) != len(mine):
@@ -40,18 +40,16 @@ class Grading:
         if min(mine) <= 0 or min(base) <= 0:
             raise ValueError(f"{name}: every {what} must be positive, got baseline {base}, yours {mine}.")
         ratio = statistics.median(base) / statistics.median(mine)
-        rounds = sorted(b / m for b, m in zip(base, mine))
-        passed, firm = ratio >= target, verdict.past(rounds, target)
-        self.grades.append({"name": name, "ratio": ratio, "low": rounds[0], "high": rounds[-1], "rounds": len(base),
-                            "past": firm, "target": target, "passed": passed, "what": what, "hardware": hardware})
+        got = verdict.against([b / m for b, m in zip(base, mine)], target, value=ratio)
+        self.grades.append({"name": name, "ratio": ratio, "low": got.low, "high": got.high, "rounds": got.rounds,
+                            "past": got.past, "target": target, "passed": got.met, "what": what, "hardware": hardware})
         where = f" on {hardware}" if hardware else ""
         slower = f"; yours is {verdict.factor(ratio)} than the baseline" if ratio < 1 else ""
-        straddle = ("; the rounds straddle the target (a busy machine?): re-run to confirm"
-                    if 0 < firm < len(base) else "")
+        straddle = "; the rounds straddle the target (a busy machine?): re-run to confirm" if got.straddles else ""
         print(f"{name}: the baseline's {what} / yours = {ratio:.2f}x{where} (target >= {target:g}x; per round "
-              f"{rounds[0]:.2f}-{rounds[-1]:.2f}x, {firm} of {len(base)} rounds at or past the target): "
-              f"{'passed' if passed else 'not yet'}{slower}{straddle}")
-        return passed
+              f"{got.low:.2f}-{got.high:.2f}x, {got.past} of {got.rounds} rounds at or past the target): "
+              f"{'passed' if got.met else 'not yet'}{slower}{straddle}")
+        return got.met
 
     def ratio_check(self, name: str, learner: Callable[[], float], baseline: Callable[[], float], target: float, *,
                     repeats: int = 3, what: str = "time", hardware: str | None = None) -> bool:

@@ -13,7 +13,9 @@ from .. import timing
 
 
 def check(name: str, answer, expected, rel_tol: float = 0.05) -> bool | None:
-    """Warm-up: compare a learner's answer with the expected value; None means not attempted yet (no error)."""
+    """Warm-up: compare a learner's answer with the expected value; None means not attempted yet (no error). An answer
+    is right or wrong (equal, or within rel_tol): not a measured figure against a target, which verdict.against
+    decides."""
     if answer is None:
         print(f"{name}: not attempted yet. Replace the None above with your answer and re-run.")
         return None
