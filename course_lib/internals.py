@@ -43,3 +43,14 @@ def epoch_batch_progress(trainer):
     mid-epoch, or a callback that reports it at train start, needs the fit loop's progress, which has no public name
     (trainer.global_step counts optimizer steps, which gradient accumulation and manual optimisation decouple)."""
     return trainer.fit_loop.epoch_loop.batch_progress.current
+
+
+def profiled_fetch_and_step_s(profiler) -> tuple[float, float]:
+    """Seconds a fit's lightning SimpleProfiler recorded fetching training batches and running training steps, each
+    summed over the run (lesson 03 compares the two).
+
+    The profiler names the fetch after the loop class that records it, a private one
+    ("[_TrainingEpochLoop].train_dataloader_next"), and its public output is the text report alone; the course's own
+    measurement of the same wait is timing.BenchCallback's wait_s, which lesson 03 uses from its ladder on."""
+    spent = {name: sum(times) for name, times in profiler.recorded_durations.items()}
+    return spent["[_TrainingEpochLoop].train_dataloader_next"], spent["run_training_batch"]

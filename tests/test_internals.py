@@ -139,3 +139,14 @@ def test_epoch_batch_progress_counts_the_epochs_batches(tmp_path):
     trainer.fit(_Tiny())
     assert counters.seen == [(i, i + 1, i) for i in range(3)] * 2
 
+
+
+def test_profiled_fetch_and_step_s_reads_the_simple_profilers_two_lines(tmp_path):
+    """Lesson 03's two figures from a real SimpleProfiler run: time fetching batches and time in training steps."""
+    from lightning.pytorch.profilers import SimpleProfiler
+
+    profiler = SimpleProfiler(dirpath=tmp_path, filename="profile")
+    L.Trainer(max_epochs=1, accelerator="cpu", profiler=profiler, logger=False, enable_progress_bar=False,
+              enable_checkpointing=False, enable_model_summary=False, default_root_dir=tmp_path).fit(_Tiny())
+    fetch, step = internals.profiled_fetch_and_step_s(profiler)
+    assert fetch > 0 and step > 0
