@@ -1,14 +1,17 @@
 """The benchmark harness: a timed fit gives one result row (images/s with its spread over repeats, step time, memory
-after warm-up), speedups over a baseline, autograd's saved bytes, and the rows' table and chart."""
+after warm-up) for each BenchConfig, speedups over a baseline, autograd's saved bytes, and the rows' table and
+chart."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Callable
 
 import lightning as L
 import torch
 
 from . import config, hardware, runs, verdict
+from .errors import CourseError
 from .timing import BenchCallback
 
 FIELDS = ["name", "images_per_s", "images_per_s_min", "images_per_s_max", "step_ms", "peak_mem_mb", "data_wait",
@@ -33,19 +36,40 @@ def bench(module: L.LightningModule, datamodule: L.LightningDataModule, name: st
                     "images_per_s_max": row["images_per_s"], "precision": precision}  # one run: no spread yet
 
 
-def run_configs(configs: list[dict], make: Callable[[dict], tuple], steps: int, warmup: int = 5,
-                repeats: int = 1) -> list[dict]:
-    """Bench each config (`make(cfg)` -> module, datamodule) in `repeats` interleaved rounds (every config once
+@dataclass(frozen=True)
+class BenchConfig:
+    """One configuration of a benchmark table, what run_configs reads of it: the row's name, precision and Trainer
+    settings; `build` holds what the caller's make(config) reads to build the module and data (its own keys)."""
+    name: str
+    precision: str = "32-true"
+    trainer: dict = field(default_factory=dict)  # more Trainer arguments: devices, strategy, ...
+    build: dict = field(default_factory=dict)  # e.g. model and data settings, for make
+
+    @classmethod
+    def of(cls, cfg: BenchConfig | dict) -> BenchConfig:
+        """cfg itself, or a lesson's dict read as one: "name", optional "precision" and "trainer", the rest build."""
+        if isinstance(cfg, cls):
+            return cfg
+        if "name" not in cfg:
+            raise CourseError(f"A benchmark configuration needs a 'name' (its row's label); got keys {sorted(cfg)}.")
+        build = {k: v for k, v in cfg.items() if k not in ("name", "precision", "trainer")}
+        return cls(cfg["name"], cfg.get("precision", "32-true"), cfg.get("trainer", {}), build)
+
+
+def run_configs(configs: list[BenchConfig | dict], make: Callable[[BenchConfig | dict], tuple], steps: int,
+                warmup: int = 5, repeats: int = 1) -> list[dict]:
+    """Bench each config (`make(cfg)` -> module, datamodule; make gets the config as given, a BenchConfig or a
+    lesson's dict, see BenchConfig.of) in `repeats` interleaved rounds (every config once
     per round, so a drift of the machine hits all alike); keep the run with the median images/s and add the
     fastest and slowest repeat's (images_per_s_min, images_per_s_max: the spread), every round's images/s in
     round order (rounds: pair them across rows for verdict.compare(paired=True)) and the first round's warm-up
     (first_warmup_s: compilation from cold caches lands there)."""
-    runs_of = [[] for _ in configs]
+    runs_of, read = [[] for _ in configs], [BenchConfig.of(cfg) for cfg in configs]
     for _ in range(repeats):
-        for cfg, done in zip(configs, runs_of):
+        for cfg, known, done in zip(configs, read, runs_of):
             module, dm = make(cfg)
-            done.append(bench(module, dm, cfg["name"], steps=steps, warmup=warmup,
-                              precision=cfg.get("precision", "32-true"), **cfg.get("trainer", {})))
+            done.append(bench(module, dm, known.name, steps=steps, warmup=warmup, precision=known.precision,
+                              **known.trainer))
     return [{**median_row(done), "first_warmup_s": done[0]["warmup_s"]} for done in runs_of]
 
 

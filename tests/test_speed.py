@@ -7,6 +7,7 @@ import torch
 
 from course_lib import bench, scaling, timing
 from course_lib.data import CIFAR10DataModule
+from course_lib.errors import CourseError
 from course_lib.modules import ImageClassifierModule
 from course_lib.ondevice import DeviceCIFAR10DataModule
 
@@ -51,6 +52,22 @@ def test_scaling_measures_through_the_bench_harness(dm_kwargs):
                           steps=3, warmup=1)
     assert set(bench.FIELDS) <= set(row) and row["name"] == "1 x cpu"
     assert row["processes"] == 1 and row["batch_size"] == 8 and row["steps"] == 3
+
+
+def test_run_configs_reads_a_bench_config_or_a_lessons_dict_and_hands_make_it_as_given(monkeypatch):
+    """A BenchConfig and a lesson's dict give the same bench() call; make gets each config unchanged; a dict without
+    a name is a CourseError that asks for one."""
+    benched, made = [], []
+    monkeypatch.setattr(bench, "bench", lambda module, dm, name, **kw: benched.append((name, kw)) or
+                        {"name": name, "images_per_s": 1.0, "warmup_s": 0.0})
+    typed = bench.BenchConfig("bf16", "bf16-mixed", {"devices": 1}, {"model": "lenet"})
+    lesson = {"name": "bf16", "precision": "bf16-mixed", "trainer": {"devices": 1}, "model": "lenet"}
+    bench.run_configs([typed, lesson], lambda cfg: made.append(cfg) or (None, None), steps=2, warmup=1)
+    assert made == [typed, lesson] and benched[0] == benched[1]
+    assert benched[0] == ("bf16", {"steps": 2, "warmup": 1, "precision": "bf16-mixed", "devices": 1})
+    assert bench.BenchConfig.of(lesson) == typed and bench.BenchConfig.of({"name": "x"}).precision == "32-true"
+    with pytest.raises(CourseError, match="name"):
+        bench.run_configs([{"model": "lenet"}], lambda cfg: (None, None), steps=2)
 
 
 def test_speedups_are_ratios_to_the_baseline():
