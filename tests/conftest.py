@@ -77,7 +77,7 @@ SLOW = tuple(f"tests/{path}" for path in [  # whole files
                     "test_two_nodes_on_localhost"],
     "test_exercise_checks.py": ["test_01_", "test_02_", "test_03_", "test_07_", "test_08_"],
     "test_fidelity.py": ["test_training_matches_airbench_step_for_step"],
-    "test_internals.py": ["test_epoch_batch_progress_"],
+    "test_internals.py": ["test_epoch_batch_progress_", "test_profiled_fetch_and_step_s_"],
     "test_modules.py": ["test_barebones_", "test_fast_dev_run_", "test_logged_", "test_module_schedule_",
                         "test_new_fit_from_loaded_weights"],
     "test_muon.py": ["test_module_and_twin_train", "test_muon_recipe_optimizer_steps", "test_twin_trains"],
