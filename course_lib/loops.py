@@ -48,7 +48,3 @@ def predict(model: nn.Module, loader, device: str = "cpu") -> tuple[torch.Tensor
         labels.append(y)
     return torch.cat(preds), torch.cat(labels)
 
-
-def confusion_matrix(preds: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """(true, predicted) counts as a (classes, classes) int64 tensor."""
-    return torch.bincount(labels * num_classes + preds, minlength=num_classes**2).reshape(num_classes, num_classes)

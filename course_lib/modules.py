@@ -6,11 +6,12 @@ import warnings
 import lightning as L
 import torch
 from torch import nn
+from torchmetrics import MetricCollection
 
 from .errors import CourseError
-from .metrics import mean_loss, top1_accuracy
+from .metrics import epoch_metrics
 from .models import MODELS, build_model
-from .optim import make_optimizer
+from .optim import LENET, make_optimizer
 
 STAGES = ("train", "val", "test")
 
@@ -33,10 +34,9 @@ class ClassifierSystem(L.LightningModule):
         self.net, self._channels_last = net, channels_last
         self.epoch_metrics: dict[str, torch.Tensor] = {}  # barebones only: the last epoch's loss and accuracy
         self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
-        # one metric pair per stage, so running states never mix; both accumulate on the device without syncing
-        for stage in STAGES:
-            setattr(self, f"{stage}_acc", top1_accuracy(num_classes))
-            setattr(self, f"{stage}_loss", mean_loss())
+        # one collection per stage, so running states never mix; logged as train_acc, train_loss, val_acc, ...
+        metrics = epoch_metrics(num_classes)
+        self.train_metrics, self.val_metrics, self.test_metrics = (metrics.clone(prefix=f"{s}_") for s in STAGES)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 3, H, W) -> (B, classes)
         if self._channels_last:
@@ -52,15 +52,18 @@ class ClassifierSystem(L.LightningModule):
         x, y = batch
         logits = self._logits(x, stage)
         loss = self.criterion(logits, y)
-        acc, mean = getattr(self, f"{stage}_acc"), getattr(self, f"{stage}_loss")
-        acc.update(logits.detach(), y)
+        metrics = self.stage_metrics(stage)
+        metrics["acc"].update(logits.detach(), y)  # each member its own inputs: no MetricCollection.update
         # one value per sample gives the per-sample mean even when the last batch is smaller (weight= is dropped
         # by MeanMetric(nan_strategy="disable") in torchmetrics 1.9, issue #3434)
-        mean.update(loss.detach().expand(len(y)))
+        metrics["loss"].update(loss.detach().expand(len(y)))
         if self._logs():  # the Metric objects themselves: no value is read here, so no host sync
-            self.log(f"{stage}_loss", mean, on_step=False, on_epoch=True, prog_bar=True)
-            self.log(f"{stage}_acc", acc, on_step=False, on_epoch=True, prog_bar=True)
+            self.log_dict(metrics, on_step=False, on_epoch=True, prog_bar=True)
         return loss
+
+    def stage_metrics(self, stage: str) -> MetricCollection:
+        """The stage's collection ("acc", "loss"; computed under the names f"{stage}_acc", f"{stage}_loss")."""
+        return {"train": self.train_metrics, "val": self.val_metrics, "test": self.test_metrics}[stage]
 
     def _logs(self) -> bool:
         """Whether self.log may run: under a Trainer, except Trainer(barebones=True); not in a step called by hand
@@ -84,10 +87,9 @@ class ClassifierSystem(L.LightningModule):
         per epoch, when they are read), then reset, as the Trainer does for logged metrics."""
         if not self.trainer.barebones:
             return
-        acc, loss = getattr(self, f"{stage}_acc"), getattr(self, f"{stage}_loss")
-        self.epoch_metrics.update({f"{stage}_loss": loss.compute(), f"{stage}_acc": acc.compute()})
-        acc.reset()
-        loss.reset()
+        metrics = self.stage_metrics(stage)
+        self.epoch_metrics.update(metrics.compute())  # {f"{stage}_acc": ..., f"{stage}_loss": ...}
+        metrics.reset()
 
     def on_train_epoch_end(self) -> None:
         self._barebones_epoch_end("train")
@@ -101,12 +103,15 @@ class ClassifierSystem(L.LightningModule):
 
 class ImageClassifierModule(ClassifierSystem):
     """Any backbone with SGD or AdamW and a one-cycle schedule: lessons 02-07's training system. All settings but the
-    backbone are keyword-only; LightningCLI sets each from YAML or a flag (--model.lr 0.1)."""
+    backbone are keyword-only, by default LeNet's recipe (optim.LENET); LightningCLI sets each from YAML or a flag
+    (--model.lr 0.1)."""
 
-    def __init__(self, backbone: str | nn.Module = "lenet", *, num_classes: int = 10, optimizer: str = "sgd",
-                 lr: float = 0.05, momentum: float = 0.9, nesterov: bool = True, weight_decay: float = 5e-4,
-                 label_smoothing: float = 0.0, schedule: str = "onecycle", warmup_fraction: float = 0.25,
-                 channels_last: bool = False, compile: bool = False, classes: list[str] | None = None):
+    def __init__(self, backbone: str | nn.Module = "lenet", *, num_classes: int = 10,
+                 optimizer: str = LENET.optimizer, lr: float = LENET.lr, momentum: float = LENET.momentum,
+                 nesterov: bool = LENET.nesterov, weight_decay: float = LENET.weight_decay,
+                 label_smoothing: float = 0.0, schedule: str = LENET.schedule,
+                 warmup_fraction: float = LENET.warmup_fraction, channels_last: bool = False, compile: bool = False,
+                 classes: list[str] | None = None):
         if optimizer not in ("sgd", "adamw") or schedule not in ("onecycle", "constant"):
             raise CourseError(f"optimizer must be 'sgd' or 'adamw' and schedule 'onecycle' or 'constant', "
                               f"got {optimizer!r} and {schedule!r}.")

@@ -1,17 +1,20 @@
 """ImageClassifierModule under a real Trainer, its metrics against hand counts, optimiser and schedule, loops."""
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import warnings
 from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
+import yaml
 
 from course_lib.data import CIFAR10DataModule
-from course_lib.loops import confusion_matrix, predict
+from course_lib.loops import predict
 from course_lib.modules import ImageClassifierModule
-from course_lib.optim import make_optimizer
+from course_lib.optim import LENET, make_optimizer
 
 
 def quiet_trainer(tmp_path, **kw) -> L.Trainer:
@@ -161,19 +164,6 @@ def test_constant_schedule_returns_no_scheduler():
     assert isinstance(opt, torch.optim.AdamW) and opt.param_groups[0]["lr"] == 0.003
 
 
-def test_confusion_matrix_matches_hand_count():
-    """confusion_matrix[t, p] counts samples with true label t predicted as p."""
-    labels = torch.tensor([0, 0, 1, 1, 1, 2, 2, 0, 2, 1])
-    preds = torch.tensor([0, 1, 1, 1, 2, 2, 0, 0, 2, 1])
-    expected = torch.zeros(3, 3, dtype=torch.int64)
-    for t, p in zip(labels.tolist(), preds.tolist()):
-        expected[t, p] += 1
-    cm = confusion_matrix(preds, labels, 3)
-    assert cm.dtype == torch.int64 and torch.equal(cm, expected)
-    assert torch.equal(cm, torch.tensor([[2, 1, 0], [0, 3, 1], [1, 0, 2]]))
-    assert cm.trace().item() == int((preds == labels).sum())
-
-
 def test_predict_loop_returns_all_labels():
     """loops.predict returns one prediction and one true label per sample, in loader order."""
     torch.manual_seed(0)
@@ -208,7 +198,7 @@ def test_logged_metric_objects_are_computed_and_reset_by_the_trainer(tiny_folder
     assert 0 < acc < 1 and n == 48
     assert float(trainer.callback_metrics["train_acc"]) == pytest.approx(acc, abs=1e-6)
     assert float(trainer.callback_metrics["train_loss"]) == pytest.approx(loss, rel=1e-5)
-    assert module.train_acc.update_count == 0 and module.train_loss.update_count == 0  # reset by the Trainer
+    assert all(m.update_count == 0 for m in module.train_metrics.values())  # reset by the Trainer
     assert module.epoch_metrics == {}
 
 
@@ -220,7 +210,7 @@ def test_barebones_computes_the_epoch_metrics_by_hand(tiny_folder, tmp_path):
     assert set(module.epoch_metrics) == {"train_loss", "train_acc"}
     assert float(module.epoch_metrics["train_acc"]) == pytest.approx(acc, abs=1e-6)
     assert float(module.epoch_metrics["train_loss"]) == pytest.approx(loss, rel=1e-5)
-    assert module.train_acc.update_count == 0 and module.train_loss.update_count == 0
+    assert all(m.update_count == 0 for m in module.train_metrics.values())
     assert trainer.global_step == 5
 
 
@@ -253,3 +243,19 @@ def test_settings_but_the_backbone_are_keyword_only():
         CIFAR10DataModule("folder")
     with pytest.raises(TypeError):
         make_optimizer([torch.nn.Parameter(torch.zeros(1))], 10, "sgd")
+
+
+def test_lenet_recipe_has_one_home_the_module_and_the_config_follow():
+    """optim.LENET holds LeNet's recipe: ImageClassifierModule's and make_optimizer's defaults are its values, and
+    configs/lenet.yaml spells out the same lr, weight decay, optimizer and batch size."""
+    defaults = {name: p.default for name, p in inspect.signature(ImageClassifierModule).parameters.items()}
+    opt_defaults = {name: p.default for name, p in inspect.signature(make_optimizer).parameters.items()}
+    recipe = dataclasses.asdict(LENET)
+    for name, value in recipe.items():
+        if name != "batch_size":
+            assert defaults[name] == value and opt_defaults[name] == value, name
+    config = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "lenet.yaml").read_text())
+    model = config["model"]
+    assert (model["backbone"], model["optimizer"], model["lr"], model["weight_decay"]) == (
+        "lenet", LENET.optimizer, LENET.lr, LENET.weight_decay)
+    assert config["data"]["batch_size"] == LENET.batch_size
