@@ -15,8 +15,23 @@ from .ondevice import SpeedrunDataModule
 from .timing import DeviceTimer, EpochTimer
 
 
+@dataclass(frozen=True)
+class SeedRun:
+    """One seed of the speedrun through Lightning: test accuracy, device-timed phases and per-step losses."""
+
+    seed: int
+    acc: float  # test accuracy, with the recipe's test-time augmentation
+    train_s: float  # the training epochs only (EpochTimer), seconds
+    epoch_s: list[float]  # each training epoch, seconds
+    fit_s: float  # trainer.fit: whitening init and training
+    test_s: float  # trainer.test: test-time augmentation
+    total_s: float  # fit_s + test_s
+    steps: int  # optimiser steps taken
+    losses: torch.Tensor  # (steps,) float32 training losses on the CPU
+
+
 def run_seed(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, *, seed: int, epochs: float,
-             precision: str | None = None) -> dict:
+             precision: str | None = None) -> SeedRun:
     """Fresh weights and batch order for `seed` (a compiled net stays compiled), train, test with TTA; timed on the
     device: whitening init and training in fit_s, TTA in test_s (total_s both), data loading in neither.
     Fractional epochs (speedrun.EPOCHS) train ceil(epochs x batches per epoch) steps."""
@@ -29,15 +44,15 @@ def run_seed(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, *, seed: i
     fitted = clock.mark()
     acc = trainer.test(module, datamodule=dm, verbose=False)[0]["test_acc"]
     tested = clock.mark()
-    return {"seed": seed, "acc": acc, "train_s": sum(timer.seconds), "epoch_s": timer.seconds,
-            "fit_s": clock.seconds(start, fitted), "test_s": clock.seconds(fitted, tested),
-            "total_s": clock.seconds(start, tested), "steps": trainer.global_step,
-            "losses": torch.stack(module.step_losses).float().cpu()}
+    return SeedRun(seed=seed, acc=acc, train_s=sum(timer.seconds), epoch_s=timer.seconds,
+                   fit_s=clock.seconds(start, fitted), test_s=clock.seconds(fitted, tested),
+                   total_s=clock.seconds(start, tested), steps=trainer.global_step,
+                   losses=torch.stack(module.step_losses).float().cpu())
 
 
 def seed_runs(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, *, seeds: list[int], epochs: float,
               precision: str | None = None, warmup_seed: int | None = None,
-              on_run: Callable[[list[dict]], object] | None = None) -> list[dict]:
+              on_run: Callable[[list[SeedRun]], object] | None = None) -> list[SeedRun]:
     """run_seed for each seed, after an untimed warm-up run (compilation, cuDNN autotuning) when warmup_seed is set;
     on_run(results so far) after each run (e.g. to rewrite a results file, so an interrupted job keeps its figures)."""
     if warmup_seed is not None:
@@ -70,7 +85,7 @@ class TwinComparison:
     twin: dict  # the twin's own fit result (losses, epoch_s)
 
 
-def compare_twin(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, run: dict, *, epochs: float,
+def compare_twin(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, run: SeedRun, *, epochs: float,
                  precision: str | None = None, twin: speedrun.Twin | None = None) -> TwinComparison:
     """Train the plain-PyTorch twin on the same seed and batches as `run`; epoch-time ratio, loss and accuracy gaps.
 
@@ -78,8 +93,8 @@ def compare_twin(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, run: d
     compiled); default a new one with the module's recipe. Timed as run_seed: whitening and training in
     twin_fit_s, TTA in twin_test_s."""
     recipe = module.recipe
-    dm.shuffle_seed = run["seed"]
-    L.seed_everything(run["seed"], verbose=False)  # the same initial weights as fresh_weights gave the module
+    dm.shuffle_seed = run.seed
+    L.seed_everything(run.seed, verbose=False)  # the same initial weights as fresh_weights gave the module
     fresh = speedrun.recipe_net(recipe)
     if twin is None:
         twin = speedrun.Twin(fresh, recipe)
@@ -91,18 +106,18 @@ def compare_twin(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, run: d
     result = twin.fit(batches, epochs, precision)
     fitted = clock.mark()
     steady = slice(1, None) if epochs > 1 else slice(None)  # epoch 0 holds warm-up (and compilation on a GPU)
-    lit_epoch, twin_epoch = statistics.median(run["epoch_s"][steady]), statistics.median(result["epoch_s"][steady])
-    diff = (run["losses"] - result["losses"]).abs()
+    lit_epoch, twin_epoch = statistics.median(run.epoch_s[steady]), statistics.median(result["epoch_s"][steady])
+    diff = (run.losses - result["losses"]).abs()
     first = min(10, len(diff))
     # the compiled handle, as the module tests with its compiled net
     acc = speedrun.evaluate_tta(twin.forward, dm.test_set.images, dm.test_set.labels, level=recipe.tta_level,
                                 batch_size=dm.eval_batch_size, precision=precision)
     tested = clock.mark()
     return TwinComparison(
-        seed=run["seed"], ratio=lit_epoch / twin_epoch, lit_epoch_s=lit_epoch, twin_epoch_s=twin_epoch,
+        seed=run.seed, ratio=lit_epoch / twin_epoch, lit_epoch_s=lit_epoch, twin_epoch_s=twin_epoch,
         twin_fit_s=clock.seconds(start, fitted), twin_test_s=clock.seconds(fitted, tested),
         twin_total_s=clock.seconds(start, tested), steady_from=steady.start or 0, first=first,
-        loss_diff_first=diff[:first].max().item(), loss_diff_all=diff.max().item(), lit_acc=run["acc"], twin_acc=acc,
+        loss_diff_first=diff[:first].max().item(), loss_diff_all=diff.max().item(), lit_acc=run.acc, twin_acc=acc,
         twin=result)
 
 

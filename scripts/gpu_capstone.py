@@ -140,7 +140,7 @@ def part_a(args, dm, report, deadline, dry) -> list[dict]:
                               on_run=show)
 
 
-def part_b(module, dm, report, *, seeds, epochs, precision, deadline, head, key="b") -> list[dict]:
+def part_b(module, dm, report, *, seeds, epochs, precision, deadline, head, key="b") -> list[experiments.SeedRun]:
     # warm-up: compilation, cuDNN autotuning
     experiments.run_seed(module, dm, seed=1000, epochs=epochs, precision=precision)
     trials = []
@@ -149,18 +149,18 @@ def part_b(module, dm, report, *, seeds, epochs, precision, deadline, head, key=
             report.set(key, report.sections[key] + [f"- time budget spent after {len(trials)} runs"])
             break
         trials.append(experiments.run_seed(module, dm, seed=seed, epochs=epochs, precision=precision))
-        last = trials[-1]["epoch_s"]
+        last = trials[-1].epoch_s
         recipe = module.recipe
         flops = experiments.flop_summary(widths=recipe.widths, batch_size=recipe.batch_size,
                                          steps=len(dm.train_dataloader()), epoch_s=statistics.median(last[1:] or last))
         report.set(key, head + table(
             ["seed", "test accuracy (TTA)", "trainer.fit (whitening + training)", "trainer.test (TTA)", "total",
              "training epochs only"],
-            [[str(r["seed"]), f"{r['acc']:.2%}"] + [f"{r[k]:.3f} s" for k in ("fit_s", "test_s", "total_s", "train_s")]
+            [[str(r.seed), f"{r.acc:.2%}"] + [f"{s:.3f} s" for s in (r.fit_s, r.test_s, r.total_s, r.train_s)]
              for r in trials]) + [
-            figure("accuracy", pct(r["acc"] for r in trials), "{:.2f}", " %"),
-            figure("time (fit + test)", [r["total_s"] for r in trials]),
-            figure("trainer.fit", [r["fit_s"] for r in trials]), figure("trainer.test", [r["test_s"] for r in trials]),
+            figure("accuracy", pct(r.acc for r in trials), "{:.2f}", " %"),
+            figure("time (fit + test)", [r.total_s for r in trials]),
+            figure("trainer.fit", [r.fit_s for r in trials]), figure("trainer.test", [r.test_s for r in trials]),
             f"- {flops['text']} (median epoch after the first, last run)"])
     return trials
 
@@ -181,7 +181,7 @@ def part_c(module, dm, report, *, trials, epochs, precision, deadline, head) -> 
             ["seed", "twin accuracy (TTA)", "Lightning accuracy", "twin total", "Lightning total",
              "Lightning / twin epoch (median, epochs 1+)", "largest loss difference, first 10 steps"],
             [[str(t.seed), f"{t.twin_acc:.2%}", f"{t.lit_acc:.2%}", f"{t.twin_total_s:.3f} s",
-              f"{r['total_s']:.3f} s", f"{t.ratio:.3f}x", f"{t.loss_diff_first:.2e}"]
+              f"{r.total_s:.3f} s", f"{t.ratio:.3f}x", f"{t.loss_diff_first:.2e}"]
              for t, r in zip(twins, trials)]) + [
             figure("accuracy", pct(t.twin_acc for t in twins), "{:.2f}", " %"),
             figure("time (whitening + training + TTA)", [t.twin_total_s for t in twins]),
@@ -228,19 +228,19 @@ def muon_summary(report, e, f) -> None:
     lines = ["## Muon comparison", ""]
     if e and f:
         names = ("the course (f)", "airbench94_muon (e)")
-        times = [r["total_s"] for r in f], [r["time_s"] for r in e]
-        accs = pct(r["acc"] for r in f), pct(r["acc"] for r in e)
+        times = [r.total_s for r in f], [r["time_s"] for r in e]
+        accs = pct(r.acc for r in f), pct(r["acc"] for r in e)
         lines += [f"- time: {verdict.compare(*times, *names, higher_is_better=False)}",
                   f"- accuracy: {verdict.difference(*accs, *names, unit=' pt')}"]
     if f:
-        reached = "reached" if statistics.mean(pct(r["acc"] for r in f)) >= 94 else "not reached"
+        reached = "reached" if statistics.mean(pct(r.acc for r in f)) >= 94 else "not reached"
         lines.append(f"- 94 % on the held-out images: {reached} by the course's Muon rung")
     report.set("muon", lines)
 
 
 def summary(report, a, b, c) -> None:
     ratio, diff = verdict.mean_ratio, verdict.mean_diff
-    b_acc, b_time = pct(r["acc"] for r in b), [r["total_s"] for r in b]
+    b_acc, b_time = pct(r.acc for r in b), [r.total_s for r in b]
     a_acc, a_time = pct(r["acc"] for r in a), [r["time_s"] for r in a]
     c_acc, c_time = pct(t.twin_acc for t in c), [t.twin_total_s for t in c]
     lines = ["## Comparison", "", "Ratios of mean times to a tested net and differences of mean accuracy:", ""]

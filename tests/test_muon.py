@@ -210,7 +210,7 @@ def test_module_and_twin_train_the_muon_recipe_alike(tiny_folder, session_data_r
     module = speedrun.SpeedrunModule(dataclasses.replace(speedrun.MUON, widths=(8, 16, 16), batch_size=16))
     run = experiments.run_seed(module, dm, seed=0, epochs=2, precision="32-true")
     twin = experiments.compare_twin(module, dm, run, epochs=2, precision="32-true")
-    assert run["steps"] == 6 and twin.loss_diff_all < 1e-4
+    assert run.steps == 6 and twin.loss_diff_all < 1e-4
 
 
 def test_twin_trains_the_muon_recipe():
