@@ -51,8 +51,8 @@ CPU_EMULATED_BF16 = "cpu without native bf16"
 # full is the real thing.
 LESSON_SCALES = {
     ("04_mixed_precision", "smoke", "cpu"): dict(width=0.25),  # ResNet-9 at 16 channels
-    # smoke checks the code: emulated bf16 gets a quarter of the images and half the timed steps
-    ("04_mixed_precision", "smoke", CPU_EMULATED_BF16): dict(train_subset=512, eval_subset=256, width=0.25,
+    # smoke checks the code: emulated bf16 gets an eighth of the images and half the timed steps
+    ("04_mixed_precision", "smoke", CPU_EMULATED_BF16): dict(train_subset=256, eval_subset=128, width=0.25,
                                                             bench_steps=3),
     ("03_gpu_and_data", "full", "cpu"): dict(bench_steps=50),  # 6 rounds of 50 steps: 3 rounds of 100's time
     ("04_mixed_precision", "full", "cpu"): dict(train_subset=10_000, width=0.25, bench_steps=50),  # 16 channels

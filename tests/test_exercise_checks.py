@@ -149,8 +149,10 @@ def test_02_solution_passes_the_mechanism(trainer_data):
 
 
 # ---- lesson 03: a pipeline built by the learner ---------------------------------------------------------------
-def test_03_starter_and_library_pipeline_fail():
-    from course_lib import runs
+def test_03_starter_and_library_pipeline_fail(monkeypatch):
+    from course_lib import config, runs
+
+    monkeypatch.delenv(config.DATA_ROOT_ENV)  # the library decodes the 50k folder: into the cache the notebooks use
 
     assert exercises.check_03_data_wait(starter("03", 1)["make_data"], measure=False) is False
     library = lambda b, s: runs.datamodule("03_gpu_and_data", batch_size=b)  # noqa: E731
