@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from torch.utils.data import DistributedSampler
 
 from . import hardware
 from .data import CIFAR10_MEAN, CIFAR10_STD, CIFAR10DataModule, EpochSampler, augment_batch, crop_flip, to_float
@@ -62,7 +63,7 @@ class DeviceBatches:
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} must be in [0, num_replicas={num_replicas}).")
         self.num_replicas, self.rank = num_replicas, rank
-        shard = -(-len(labels) // num_replicas)  # images per rank, padded as DistributedSampler pads
+        shard = -(-len(labels) // num_replicas)  # images per rank, padded as DistributedSampler pads (shard())
         if batch_size < 1 or (drop_last and batch_size > shard):
             raise ValueError(f"batch_size {batch_size} must be between 1 and the {shard} images of this rank's share "
                              f"({len(labels)} images over {num_replicas} process(es)): with drop_last an epoch needs "
@@ -83,12 +84,11 @@ class DeviceBatches:
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def shard(self) -> torch.Tensor:
-        """This rank's dataset indices for the current epoch, in order (all of them on one process)."""
+        """This rank's dataset indices for the current epoch, in order (all of them on one process): the epoch's
+        order, split by torch's DistributedSampler (its padding and stride; shuffle=False, the order is shuffled)."""
         order = self.sampler.permutation() if self.shuffle else torch.arange(len(self.labels))
-        if self.num_replicas > 1:
-            total = -(-len(order) // self.num_replicas) * self.num_replicas
-            order = torch.cat([order, order[: total - len(order)]])[self.rank::self.num_replicas]
-        return order
+        share = DistributedSampler(range(len(order)), num_replicas=self.num_replicas, rank=self.rank, shuffle=False)
+        return order[torch.tensor(list(share), dtype=torch.long)]
 
     def __iter__(self):
         dist = torch.distributed

@@ -1,5 +1,6 @@
-"""On-device batches under DDP: each rank trains on its own share, disjoint and covering as DistributedSampler
-splits a DataLoader (Lightning shards only real DataLoaders), and an unsharded DeviceBatches refuses a process group."""
+"""On-device batches under DDP: each rank trains on its own share of the epoch order, disjoint and covering, as
+DistributedSampler splits a DataLoader (Lightning shards only real DataLoaders), and an unsharded DeviceBatches
+refuses a process group."""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,6 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from torch.utils.data import DistributedSampler
 
 from course_lib.modules import ImageClassifierModule
 from course_lib.ondevice import DeviceBatches, DeviceCIFAR10DataModule
@@ -21,22 +21,27 @@ def fingerprint(x: torch.Tensor) -> list[float]:
 
 
 @pytest.mark.parametrize(("n", "world", "shuffle"), [(10, 3, False), (12, 2, True), (256, 2, True)])
-def test_shards_are_distributed_samplers_split(n, world, shuffle):
-    """Per rank, the indices DistributedSampler gives a DataLoader of the same epoch order; together they cover the
-    data and are disjoint up to DistributedSampler's padding."""
+def test_shards_split_the_epoch_order_disjoint_and_covering(n, world, shuffle):
+    """Each rank's batches serve its share of the epoch's order (every world-th index from its rank, the order padded
+    with its first indices to a multiple of the world size); together the shares cover the data, disjoint up to that
+    padding, and a new epoch gives a new order."""
     images, labels = torch.zeros(n, 3, 2, 2, dtype=torch.uint8), torch.arange(n)
-    shards = []
+    shares, orders = [], set()
     for rank in range(world):
         b = DeviceBatches(images, labels, 4, shuffle=shuffle, seed=3, num_replicas=world, rank=rank)
         b.set_epoch(1)
-        order = b.sampler.permutation() if shuffle else torch.arange(n)
-        expected = [order[i].item() for i in DistributedSampler(range(n), num_replicas=world, rank=rank,
-                                                                shuffle=False)]
-        assert b.shard().tolist() == expected and len(b) == -(-len(expected) // 4)
-        assert torch.cat([y for _, y in b]).tolist() == expected  # the batches serve exactly this share
-        shards.append(expected)
-    flat = [i for s in shards for i in s]
+        order = (b.sampler.permutation() if shuffle else torch.arange(n)).tolist()
+        padded = order + order[:-n % world]
+        share = [y for _, y in b]
+        assert torch.cat(share).tolist() == padded[rank::world] and len(b) == len(share)
+        shares.append(padded[rank::world])
+        b.set_epoch(2)
+        orders.add(tuple(b.sampler.permutation().tolist()) if shuffle else ())
+    flat = [i for s in shares for i in s]
     assert set(flat) == set(range(n)) and len(flat) - len(set(flat)) == -n % world
+    assert len(orders) == 1  # every rank draws the same order for an epoch
+    if shuffle:
+        assert list(next(iter(orders))) != order  # and epoch 2's differs from epoch 1's
 
 
 class RecordingModule(ImageClassifierModule):
