@@ -14,7 +14,7 @@ from course_lib.modules import ImageClassifierModule
 def fit_one_step(folder, tmp_path, num_classes: int) -> ImageClassifierModule:
     """One training step of LeNet on the folder; returns the module."""
     dm = CIFAR10DataModule(image_folder=str(folder), data_dir=str(tmp_path / "data"), batch_size=8)
-    module = ImageClassifierModule(num_classes=num_classes)
+    module = ImageClassifierModule(num_classes=num_classes, schedule="constant")  # one step: no cycle to run
     L.Trainer(accelerator="cpu", max_steps=1, limit_val_batches=0, logger=False, enable_checkpointing=False,
               enable_progress_bar=False, enable_model_summary=False).fit(module, datamodule=dm)
     return module

@@ -80,7 +80,9 @@ def test_interrupted_run_resumes_to_same_weights(small_folder, tmp_path):
     first_epoch = tmp_path / "ckpt" / "epoch=0-step=8.ckpt"  # what a run killed during epoch 2 leaves behind
     assert first_epoch.exists()
     # another seed: anything not restored from the checkpoint (weights, optimiser, schedule, order) would show
-    trainer, resumed = fit(small_folder, tmp_path / "resumed", seed=123, ckpt_path=first_epoch)
+    # resumed as the CLI resumes: with its checkpoint callback, writing to the same folder
+    trainer, resumed = fit(small_folder, tmp_path / "resumed", seed=123, ckpt_path=first_epoch,
+                           callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1)])
     assert trainer.current_epoch == 2
     assert resumed.step_losses == pytest.approx(straight.step_losses[8:], abs=1e-6)
     assert resumed.epoch_losses[-1] == pytest.approx(straight.epoch_losses[-1], abs=1e-6)
@@ -92,4 +94,5 @@ def test_resume_with_more_epochs_names_the_remedy(small_folder, tmp_path):
     fit(small_folder, tmp_path / "one", max_epochs=1,
         callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)])
     with pytest.raises(ValueError, match="same max_epochs"):
-        fit(small_folder, tmp_path / "two", max_epochs=2, ckpt_path=tmp_path / "ckpt" / "last.ckpt")
+        fit(small_folder, tmp_path / "two", max_epochs=2, ckpt_path=tmp_path / "ckpt" / "last.ckpt",
+            callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)])
