@@ -234,7 +234,7 @@ def test_recipe_is_the_one_source_checkpoints_reload_it_and_lightningcli_sets_it
     torch.testing.assert_close(loaded.net.state_dict(), module.net.state_dict(), rtol=0, atol=0)
     settings = {"widths": list(SMALL), "batch_size": 20, "lr": 0.3}
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump({"model": {"recipe": settings}}))
-    cli = LightningCLI(SpeedrunModule, run=False, save_config_callback=None, args=[
+    cli = LightningCLI(SpeedrunModule, run=False, save_config_callback=None, seed_everything_default=0, args=[
         "--config", str(tmp_path / "recipe.yaml"), "--model.recipe.tta_level", "0", "--trainer.max_epochs", "1",
         "--trainer.logger", "false", "--trainer.enable_checkpointing", "false",
         "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path)])
@@ -244,7 +244,7 @@ def test_recipe_is_the_one_source_checkpoints_reload_it_and_lightningcli_sets_it
     cli.trainer.save_checkpoint(tmp_path / "cli.ckpt")
     assert SpeedrunModule.load_from_checkpoint(tmp_path / "cli.ckpt", weights_only=True).recipe == from_cli
     with pytest.raises((ValueError, SystemExit)):
-        LightningCLI(SpeedrunModule, run=False, save_config_callback=None,
+        LightningCLI(SpeedrunModule, run=False, save_config_callback=None, seed_everything_default=0,
                      args=["--model.recipe.tta_level", "5", "--trainer.logger", "false"])
 
 
