@@ -61,12 +61,14 @@ def cli_defaults() -> dict:
     return {**{f"data.{k}": v for k, v in data_kwargs().items()}, "trainer.max_epochs": config.run_size().epochs}
 
 
-#: warnings no learner can act on: Lightning 2.6 calling a pytree API torch 2.14 deprecates, and the notice that a
-#: timing run (validation off on purpose) skips the validation loop
-UNACTIONABLE = (r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",
-                r".*defined a `validation_step` but have no `val_dataloader`.*",
+#: warnings no learner can act on, as (message, module) regexes ("": raised anywhere): Lightning 2.6 calling a pytree
+#: API torch 2.14 deprecates, and the notice that a timing run (validation off on purpose) skips the validation loop
+UNACTIONABLE = ((r".*isinstance\(treespec, LeafSpec\)` is deprecated.*", ""),
+                (r".*defined a `validation_step` but have no `val_dataloader`.*", ""),
                 # torch 2.11's torch.export.load wraps its own archive's bytes (compress.load_program; gone by 2.14)
-                r"The given buffer is not writable, and PyTorch does not support non-writable tensors.*")
+                (r"The given buffer is not writable, and PyTorch does not support non-writable tensors.*", ""),
+                # torch 2.14's own int8 lowering copies a tensor the way it warns users not to; course code does not
+                (r"To copy construct from a tensor", r"torch\._inductor\..*"))
 
 
 def quiet_lightning() -> None:
@@ -85,7 +87,5 @@ def quiet_lightning() -> None:
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
     # the profiler's C++ log lines (no GPU found, USDT start/stop marks): 6 is above every level kineto prints at
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-    for message in UNACTIONABLE:
-        warnings.filterwarnings("ignore", message=message)
-    # torch 2.14's own int8 lowering copies a tensor the way it warns users not to; nothing in course code does
-    warnings.filterwarnings("ignore", message="To copy construct from a tensor", module=r"torch\._inductor\..*")
+    for message, module in UNACTIONABLE:
+        warnings.filterwarnings("ignore", message=message, module=module)

@@ -52,8 +52,8 @@ fork_rule.install(torch)
 def pytest_configure(config):
     """The warnings the lessons hide as unactionable (runs.UNACTIONABLE, one list) are hidden in the tests too; a
     fast-tier run (-m "not slow") watches for tests that belong to the slow tier."""
-    for message in runs.UNACTIONABLE:
-        config.addinivalue_line("filterwarnings", f"ignore:{message}")
+    for message, module in runs.UNACTIONABLE:
+        config.addinivalue_line("filterwarnings", f"ignore:{message}::{module}")
     if "not slow" in (config.getoption("markexpr") or ""):
         config.pluginmanager.register(SlowGuard(), "slow_guard")
 
