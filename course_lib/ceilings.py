@@ -114,7 +114,7 @@ def formats(device: str, info: dict | None = None) -> list[str]:
     if device == "cpu":
         return ["fp32", *(["bf16"] if hardware.cpu_bf16_native() else []),
                 *(["int8"] if hardware.cpu_int8_native() else [])]
-    cc = torch.cuda.get_device_capability()
+    cc = hardware.compute_capability(info)
     return ["fp32", *(["tf32", "bf16"] if cc >= (8, 0) else []), *(["fp16"] if cc >= (7, 0) else []),
             *(["int8"] if cc >= (8, 0) else [])]
 

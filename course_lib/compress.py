@@ -50,6 +50,12 @@ def export(model: nn.Module, example: torch.Tensor | None = None) -> torch.expor
     return torch.export.export(model, (example,), dynamic_shapes=({0: BATCH},), strict=True)
 
 
+def int8_reduce_range() -> bool:
+    """The int8 backend's choice for this CPU: 7-bit activations (0..127) where it lacks one-instruction int8 dot
+    products (hardware.cpu_int8_native), full-range uint8 where it has VNNI or AMX."""
+    return not hardware.cpu_int8_native()
+
+
 def x86_quantizer(is_qat: bool = False, reduce_range: bool | None = None) -> X86InductorQuantizer:
     """Static int8 recipe for x86 CPUs: per-channel symmetric int8 weights, per-tensor uint8 activations.
 
@@ -59,7 +65,7 @@ def x86_quantizer(is_qat: bool = False, reduce_range: bool | None = None) -> X86
     torchao 0.18's Inductor weight-prepack pass stops with an AssertionError (in `qconv`, postop_name) on a
     quantized max-pool that feeds a residual add, as in ResNet9; unquantized max-pools avoid it at the cost of one
     dequantize/quantize pair around each pool."""
-    reduce_range = not hardware.cpu_int8_native() if reduce_range is None else reduce_range
+    reduce_range = int8_reduce_range() if reduce_range is None else reduce_range
     config = get_default_x86_inductor_quantization_config(is_qat=is_qat, reduce_range=reduce_range)
     quantizer = X86InductorQuantizer().set_global(config)
     return quantizer.set_module_type_qconfig(nn.MaxPool2d, None)

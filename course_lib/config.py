@@ -87,7 +87,7 @@ def run_size(lesson: str | None = None, gpu: bool | None = None, size: str | Non
         raise CourseError(f"{SIZE_ENV}={name!r} is not a run size; set {SIZE_ENV} to one of {sorted(SIZES)}.")
     if lesson is None:
         return SIZES[name]
-    gpu = hardware.gpu_count() > 0 if gpu is None else gpu
+    gpu = hardware.has_gpu() if gpu is None else gpu
     kind = "gpu" if gpu else "cpu"
     if kind == "cpu" and (lesson, name, CPU_EMULATED_BF16) in LESSON_SCALES and not hardware.cpu_bf16_native():
         kind = CPU_EMULATED_BF16  # this CPU has no bf16 instructions: the lesson's scale for emulated bf16

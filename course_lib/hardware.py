@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from .errors import CourseError
+from .machines import CLASSES, CPU_CLASSES, GPU_CLASSES, HARDWARE_ENV, HardwareClass, emulated  # noqa: F401
 
 CPUINFO = Path("/proc/cpuinfo")
 #: CPU instruction sets that compute bf16 natively (x86 AVX-512 bf16 dot products, AMX bf16 tiles, Arm's bf16
@@ -35,10 +36,17 @@ def cpuinfo_flags(text: str) -> frozenset[str]:
                      for f in line.partition(":")[2].split())
 
 
-@functools.lru_cache(maxsize=1)
 def cpu_flags() -> frozenset[str]:
-    """The one CPU-capability reader: the instruction sets this CPU has, from torch.cpu.get_capabilities() where
-    torch has it, else /proc/cpuinfo; empty where neither exists (the safe answer: nothing native)."""
+    """The one CPU-capability reader: the instruction sets of the emulated class where COURSE_HARDWARE names one,
+    else of this CPU (own_cpu_flags)."""
+    cls = emulated()
+    return cls.flags if cls else own_cpu_flags()
+
+
+@functools.lru_cache(maxsize=1)
+def own_cpu_flags() -> frozenset[str]:
+    """The instruction sets this CPU has, whatever COURSE_HARDWARE says: torch.cpu.get_capabilities() where torch has
+    it, else /proc/cpuinfo; empty where neither exists (the safe answer: nothing native)."""
     caps = getattr(torch.cpu, "get_capabilities", None)
     if caps is not None:
         return frozenset(name for name, value in caps().items() if value is True)
@@ -68,32 +76,49 @@ def gpu_count() -> int:
     return torch.cuda.device_count()
 
 
+def has_gpu() -> bool:
+    """Whether the course decides as on a GPU machine: the emulated class's answer, else whether a GPU is visible."""
+    cls = emulated()
+    return bool(cls.gpu) if cls else gpu_count() > 0
+
+
 def facts() -> dict:
     """What this machine is: CPU, GPU, native bf16, and library versions."""
     import lightning
     import torchvision
 
+    cls = emulated()
     found = {
-        "cpu": _cpu_name(),
+        "cpu": _cpu_name() + (f" emulating {cls.name}" if cls else ""),
         "cpu_cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "cpu_bf16_native": cpu_bf16_native(),
+        "cpu_int8_native": cpu_int8_native(),
         "gpu": None,
         "python": platform.python_version(),
         "torch": torch.__version__,
         "torchvision": torchvision.__version__,
         "lightning": lightning.__version__,
     }
-    if gpu_count() > 0:
+    if cls and cls.gpu:
+        found.update(cls.gpu)
+    elif gpu_count() > 0 and not cls:
         found.update(_gpu_info())
     return found
+
+
+def compute_capability(info: dict | None = None) -> tuple[int, int] | None:
+    """The GPU's compute capability as (major, minor) from facts() (or `info`); None without a GPU."""
+    cc = (info or facts()).get("compute_capability")
+    return tuple(int(p) for p in cc.split(".")) if cc else None
 
 
 def label(info: dict | None = None) -> str:
     """A one-line name for the hardware (facts() unless given), used under every published figure."""
     info = info or facts()
     if info.get("gpu"):
-        return f"{info['gpu_count']}x {info['gpu']} (CUDA {info['cuda']})"
+        shown = f"{info['gpu_count']}x {info['gpu']} (CUDA {info['cuda']})"
+        return shown + (" emulated on " + info["cpu"] if emulated() else "")
     return f"CPU {info['cpu']} ({info['cpu_cores']} cores)"
 
 

@@ -16,7 +16,7 @@ import lightning as L
 import pytest
 import torch
 
-from course_lib import config, jpeg, runs
+from course_lib import config, hardware, jpeg, runs
 from course_lib.sources import load_image_folder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -216,6 +216,16 @@ def locate_cifar_folder(source: str | None, data_root: Path, mirror_url: str | N
         return jpeg.jpeg_folder(source, data_root, mirror_url)
     except (FileNotFoundError, RuntimeError) as err:
         raise DataUnavailable(f"The tests need real CIFAR-10 images. {err}") from err
+
+
+@pytest.fixture
+def hardware_class(monkeypatch):
+    """The one seam for the hardware in tests: hardware_class("cpu-avx2") makes every hardware decision, in this test
+    and in the processes it starts, answer as on that class (hardware.CLASSES; COURSE_HARDWARE); returns the class."""
+    def use(name: str) -> hardware.HardwareClass:
+        monkeypatch.setenv(hardware.HARDWARE_ENV, name)
+        return hardware.emulated()
+    return use
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 import airbench_carry  # noqa: E402
 
-from course_lib import hardware, results  # noqa: E402
+from course_lib import hardware, muon, results  # noqa: E402
 
 #: airbench 0.1.8's own table, printed by its print_training_details (train94, verbose=True)
 AIRBENCH_OUTPUT = """\
@@ -89,7 +89,7 @@ def test_dry_run_writes_every_part_with_parsable_figures(make_folder, cifar_fold
     assert "airbench_muon_port.py" in e and spread(e, "accuracy", " %")[4] == 2 and spread(e, "time", " s")[0] > 0
     f = section(text, "## (f) the course's Muon rung")
     assert spread(f, "accuracy", " %")[4] == 2 and spread(f, "time (fit + test)", " s")[0] > 0
-    assert "Newton-Schulz iteration in float" in f  # the iteration's dtype, chosen by the hardware, printed
+    assert muon.describe(muon.iteration_dtype("cpu")) in f  # the dtype the policy chose on this class, printed
     muon_lines = section(text, "## Muon comparison")
     assert "- time: the course (f)" in muon_lines and "- accuracy: the course (f)" in muon_lines
     assert text.index("## (a)") < text.index("## (e)") < text.index("## (f)") < text.index("## (d)")

@@ -60,11 +60,13 @@ def test_cpuinfo_flags_parser(extra, bf16, int8):
 
 
 @pytest.fixture
-def fresh_flags():
-    """cpu_flags re-read for the test, and again afterwards, so later callers see this machine."""
-    hardware.cpu_flags.cache_clear()
+def fresh_flags(monkeypatch):
+    """cpu_flags re-read for the test (this CPU's reader: no emulated class), and again afterwards, so later callers
+    see this machine."""
+    monkeypatch.delenv(hardware.HARDWARE_ENV, raising=False)
+    hardware.own_cpu_flags.cache_clear()
     yield
-    hardware.cpu_flags.cache_clear()
+    hardware.own_cpu_flags.cache_clear()
 
 
 @pytest.mark.parametrize("caps, bf16, int8", [
@@ -85,7 +87,7 @@ def test_detection_falls_back_to_cpuinfo(monkeypatch, fresh_flags, tmp_path):
     (tmp_path / "cpuinfo").write_text(CPUINFO.format(n=0, flags=FLAGS_AVX2 + " avx512_bf16"))
     monkeypatch.setattr(hardware, "CPUINFO", tmp_path / "cpuinfo")
     assert hardware.cpu_bf16_native() is True and hardware.cpu_int8_native() is False
-    hardware.cpu_flags.cache_clear()
+    hardware.own_cpu_flags.cache_clear()
     monkeypatch.setattr(hardware, "CPUINFO", tmp_path / "absent")
     assert hardware.cpu_flags() == frozenset() and hardware.cpu_bf16_native() is False
 
