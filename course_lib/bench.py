@@ -3,6 +3,7 @@ after warm-up) for each BenchConfig, speedups over a baseline, autograd's saved 
 chart."""
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -74,18 +75,21 @@ def run_configs(configs: list[BenchConfig | dict], make: Callable[[BenchConfig |
 
 
 def median_row(done: list[dict]) -> dict:
-    """One configuration's runs (in round order) as one row: the run with the median images/s, the fastest and
-    slowest run's images/s as its spread, every round's images/s in round order (rounds) and their count."""
+    """One configuration's runs (in round order) as one row: the median run's other fields, the median of the rounds'
+    images/s (what the verdicts compare: with an even count, the mean of the middle two), the fastest and slowest
+    run's images/s as its spread, every round's images/s in round order (rounds) and their count."""
     ranked = sorted(done, key=lambda r: r["images_per_s"])
-    return {**ranked[len(ranked) // 2], "images_per_s_min": ranked[0]["images_per_s"],
-            "images_per_s_max": ranked[-1]["images_per_s"], "rounds": [r["images_per_s"] for r in done],
-            "repeats": len(done)}
+    rounds = [r["images_per_s"] for r in done]
+    return {**ranked[len(ranked) // 2], "images_per_s": statistics.median(rounds),
+            "images_per_s_min": ranked[0]["images_per_s"], "images_per_s_max": ranked[-1]["images_per_s"],
+            "rounds": rounds, "repeats": len(done)}
 
 
 def add_speedups(rows: list[dict], baseline: str) -> list[dict]:
     """Add `speedup`, images/s relative to the row named `baseline` as the verdicts compute it (the median round ratio
-    where both rows hold interleaved rounds of one length, verdict.interval; else the medians' ratio), and a
-    `baseline` flag, true on that row."""
+    where both rows hold interleaved rounds of one length, verdict.interval; else the medians' ratio), `called`, the
+    verdict's decision on it (verdict.direction over paired rounds: +1 faster, -1 slower, 0 no difference, None too
+    few rounds to judge), and a `baseline` flag, true on that row."""
     base = next((r for r in rows if r["name"] == baseline), None)
     if base is None:
         raise ValueError(f"No row named {baseline!r}; rows are {[r['name'] for r in rows]}.")
@@ -96,7 +100,11 @@ def add_speedups(rows: list[dict], baseline: str) -> list[dict]:
             return verdict.interval(a, b, paired=True).mid
         return row["images_per_s"] / base["images_per_s"]
 
-    return [{**r, "speedup": speedup(r), "baseline": r is base} for r in rows]
+    def called(row: dict) -> int | None:
+        a, b = row.get("rounds"), base.get("rounds")
+        return verdict.direction(a, b, paired=True) if a and b and len(a) == len(b) else None
+
+    return [{**r, "speedup": speedup(r), "called": called(r), "baseline": r is base} for r in rows]
 
 
 def saved_bytes_peak(step: Callable[[], object]) -> int:
@@ -130,8 +138,12 @@ def _cell(row: dict, col: str) -> str:
     fmt = lambda v: verdict.number(v) if isinstance(v, float) else str(v)  # noqa: E731  (7,770, not 7.77e+03)
     if col == "images_per_s" and "images_per_s_min" in row:
         return f"{fmt(row[col])} ({fmt(row['images_per_s_min'])}–{fmt(row['images_per_s_max'])})"
-    if col == "speedup":  # the verdicts' convention, k >= 1: '1.77x slower', not 0.56; the baseline itself: 1x
-        return "1x (baseline)" if row.get("baseline") else verdict.factor(row[col])
+    if col == "speedup":  # the verdict's word: '1.77x slower' (k >= 1) only where it calls a difference
+        if row.get("baseline"):
+            return "1x (baseline)"
+        if row.get("called") == 0:
+            return f"no difference ({row[col]:.2f}x)"
+        return verdict.factor(row[col]) + (" (not judged: too few rounds)" if row.get("called") is None else "")
     return fmt(row.get(col, ""))
 
 
@@ -157,9 +169,10 @@ def plot_speedups(rows: list[dict], title: str):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 0.5 + 0.45 * len(rows)))
-    ax.barh([r["name"] for r in rows][::-1], [r["speedup"] for r in rows][::-1], color="tab:blue")
+    colors = ["tab:gray" if r.get("called") == 0 else "tab:blue" for r in rows]  # grey: the verdict calls no difference
+    ax.barh([r["name"] for r in rows][::-1], [r["speedup"] for r in rows][::-1], color=colors[::-1])
     ax.axvline(1.0, color="black", lw=1)
-    ax.set_xlabel("speedup over baseline (images/s ratio)")
+    ax.set_xlabel("speedup over baseline (images/s ratio; grey: no difference by the verdict's rule)")
     ax.set_title(f"{title}\n{hardware.label()}, size {config.run_size().name}", fontsize=9)
     fig.tight_layout()
     return fig

@@ -93,11 +93,21 @@ def interval(a: Sequence[float], b: Sequence[float], *, higher_is_better: bool =
     return significance.ratio_interval(b, a, paired=paired)
 
 
-def _decide(iv: significance.Interval, smallest: float) -> int | None:
-    """+1 better, -1 worse (called), 0 not called, None too few rounds."""
+def medians_ratio(a: Sequence[float], b: Sequence[float], *, higher_is_better: bool = True) -> float:
+    """How many times better a's median is than b's (what a table of medians shows); > 1: a is better."""
+    r = statistics.median(a) / statistics.median(b)
+    return r if higher_is_better else 1 / r
+
+
+def _decide(iv: significance.Interval, smallest: float, shown: float | None = None) -> int | None:
+    """+1 better, -1 worse (called), 0 not called, None too few rounds. A difference is called only where the medians'
+    ratio (`shown`, what a table prints) points the same way as the interval: a stricter rule than the interval
+    alone, so its false-positive rate stays within the interval's, and no table reads "slower" beside a higher
+    median."""
     if math.isnan(iv.lo):
         return None
-    if (iv.lo > 1 or iv.hi < 1) and max(iv.mid, 1 / iv.mid) >= 1 + smallest:
+    agrees = shown is None or (shown - 1) * (iv.mid - 1) > 0
+    if (iv.lo > 1 or iv.hi < 1) and max(iv.mid, 1 / iv.mid) >= 1 + smallest and agrees:
         return 1 if iv.mid > 1 else -1
     return 0
 
@@ -105,7 +115,8 @@ def _decide(iv: significance.Interval, smallest: float) -> int | None:
 def direction(a: Sequence[float], b: Sequence[float], *, higher_is_better: bool = True, paired: bool = False,
               smallest: float = MIN_EFFECT) -> int | None:
     """compare()'s decision as a number: +1 a better, -1 b better, 0 no (practical) difference, None too few."""
-    return _decide(interval(a, b, higher_is_better=higher_is_better, paired=paired), smallest)
+    return _decide(interval(a, b, higher_is_better=higher_is_better, paired=paired), smallest,
+                   medians_ratio(a, b, higher_is_better=higher_is_better))
 
 
 def compare(a: Sequence[float], b: Sequence[float], name_a: str, name_b: str, *, higher_is_better: bool = True,
@@ -121,7 +132,8 @@ def compare(a: Sequence[float], b: Sequence[float], name_a: str, name_b: str, *,
              else f"{len(a)} run{'s' * (len(a) > 1)} each")
     where = "in the median round" if paired else "as the median ratio of their runs"
     est = f"{name_a} {factor(iv.mid, better, worse)} {where}"
-    decision = _decide(iv, smallest)
+    shown = medians_ratio(a, b, higher_is_better=higher_is_better)
+    decision = _decide(iv, smallest, shown)
     if decision is None:
         need = f"{iv.need}" + ("" if paired else " a side")
         return (f"{name_a} vs {name_b}: {TOO_FEW} {'rounds' if paired else 'runs'} to judge ({count}; the rule needs "
@@ -129,6 +141,9 @@ def compare(a: Sequence[float], b: Sequence[float], name_a: str, name_b: str, *,
     span = f"{100 * iv.level:.0f} % interval {_span(iv.lo, iv.hi, better, worse)}, {count}"
     if decision:
         return f"{name_a} is {factor(iv.mid, better, worse)} than {name_b} ({span})"
+    if (iv.lo > 1 or iv.hi < 1) and (shown - 1) * (iv.mid - 1) <= 0:
+        return (f"{name_a} vs {name_b}: {NOISE} ({est}, but its median {factor(shown, better, worse)}: the two "
+                f"disagree; {span})")
     if iv.lo > 1 or iv.hi < 1:
         return f"{name_a} vs {name_b}: {PRACTICAL} ({est}, under the {_pct(smallest)} worth calling; {span})"
     return f"{name_a} vs {name_b}: {NOISE} ({est}; {span})"

@@ -117,3 +117,37 @@ def test_quiet_lightning_removes_the_noise_a_plain_trainer_prints(tmp_path):
     assert real and set(quiet) <= set(plain), (plain, quiet)
     found = [f"{why}: {line!r}" for line in quiet for why, p in NOISE.items() if p.search(line)]
     assert not found, found
+
+
+def speedup_rows(text: str) -> list[tuple[float, str]]:
+    """(images/s, speedup cell) for each row of every bench.table in an output that has both columns."""
+    found, head = [], None
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else None
+        if cells is None:
+            head = None
+        elif head is None:
+            head = cells
+        elif not set(line) <= set("|-: ") and "speedup" in head and any(h.startswith("images_per_s") for h in head):
+            figure = cells[next(i for i, h in enumerate(head) if h.startswith("images_per_s"))]
+            found.append((float(figure.split(" ")[0].replace(",", "")), cells[head.index("speedup")]))
+    return found
+
+
+def test_speedup_rows_are_read_from_a_table():
+    table = ("| name | images_per_s (range) | speedup |\n|---|---|---|\n| a | 1,000 (900–1,100) | 1x (baseline) |\n"
+             "| b | 1,100 (1,000–1,200) | 1.10x slower |\n\nHardware: CPU")
+    assert speedup_rows(table) == [(1000.0, "1x (baseline)"), (1100.0, "1.10x slower")]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_committed_tables_never_label_a_faster_row_slower(path):
+    """In every committed results table, a row whose images/s is above its baseline's never reads 'slower', and one
+    below it never 'faster' (the column says what the verdict says: bench.add_speedups)."""
+    wrong = []
+    for i, text in output_texts(path):
+        rows = speedup_rows(text)
+        base = next((v for v, cell in rows if "baseline" in cell), None)
+        wrong += [f"cell {i}: {v:,.0f} images/s against the baseline's {base:,.0f}: {cell!r}" for v, cell in rows
+                  if base is not None and ((v > base and "slower" in cell) or (v < base and "faster" in cell))]
+    assert not wrong, "\n".join(wrong)

@@ -1,11 +1,13 @@
 """bench harness and its timing, GPU-resident data module (lesson 03-05 foundations); precision: test_config_policy."""
 import itertools
+import random
+import statistics
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from course_lib import bench, scaling, timing
+from course_lib import bench, scaling, timing, verdict
 from course_lib.data import CIFAR10DataModule
 from course_lib.errors import CourseError
 from course_lib.modules import ImageClassifierModule
@@ -88,8 +90,37 @@ def test_speedups_follow_the_verdicts_median_round_ratio():
     assert out[1]["speedup"] == pytest.approx(1.0) and out[0]["speedup"] == 1.0
     other["rounds"] = [90.0, 95.0, 300.0]  # medians 100 vs 100 -> 1.0; round ratios 0.9, 0.95, 5 -> median 0.95
     assert bench.add_speedups([base, other], "a")[1]["speedup"] == pytest.approx(0.95)
-    table = bench.table(bench.add_speedups([base, other], "a"))
-    assert "| 1x (baseline) |" in table and "| 1.05x slower |" in table
+    table = bench.table(bench.add_speedups([base, other], "a"))  # 3 rounds: too few for the sign test to judge
+    assert "| 1x (baseline) |" in table and "| 1.05x slower (not judged: too few rounds) |" in table
+
+
+def test_speedup_column_says_what_the_verdict_says():
+    """Six paired rounds: the column prints a direction only where verdict.compare calls one, and 'no difference'
+    where it does not; a 1.5x gap in every round is called."""
+    base = {"name": "a", "rounds": [100.0, 101.0, 99.0, 100.0, 102.0, 98.0]}
+    same = {"name": "b", "rounds": [101.0, 99.0, 100.0, 103.0, 97.0, 100.0]}
+    fast = {"name": "c", "rounds": [150.0, 152.0, 148.0, 151.0, 153.0, 147.0]}
+    rows = [{**r, "images_per_s": statistics.median(r["rounds"])} for r in (base, same, fast)]
+    out = bench.add_speedups(rows, "a")
+    assert [r["called"] for r in out] == [0, 0, 1]
+    cells = [bench._cell(r, "speedup") for r in out]
+    assert cells[0] == "1x (baseline)" and cells[1].startswith("no difference") and cells[2] == "1.50x faster"
+    assert verdict.direction(fast["rounds"], base["rounds"], paired=True) == 1
+
+
+def test_no_row_with_higher_median_images_per_s_is_labelled_slower():
+    """Over 3,000 random sets of six rounds (drifting machines, outliers), a row whose median images/s (the table's
+    figure) is higher than the baseline's never reads 'slower', nor a lower one 'faster'."""
+    rng = random.Random(0)
+    for _ in range(3000):
+        drift = [rng.lognormvariate(0, 0.3) for _ in range(6)]  # the machine's speed in each round, shared
+        base = [1000 * d * rng.lognormvariate(0, 0.05) for d in drift]
+        gain = rng.choice([0.8, 0.95, 1.0, 1.05, 1.25])
+        other = [1000 * gain * d * rng.lognormvariate(0, 0.2) for d in drift]
+        rows = bench.add_speedups([bench.median_row([{"name": "a", "images_per_s": v} for v in base]),
+                                   bench.median_row([{"name": "b", "images_per_s": v} for v in other])], "a")
+        cell, higher = bench._cell(rows[1], "speedup"), rows[1]["images_per_s"] > rows[0]["images_per_s"]
+        assert not (higher and "slower" in cell) and not (not higher and "faster" in cell), (base, other, cell)
 
 
 def test_median_row_keeps_the_median_run_and_the_rounds_spread():
