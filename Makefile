@@ -65,11 +65,24 @@ course: $(STAMP)
 # make test's workers: one per core, at most 4 (pytest-xdist; each test file, and each notebook, runs in one worker)
 TEST_WORKERS ?= auto --maxprocesses=4
 
+# make test's second pass: the tests of every hardware-dependent decision, again under the CPU class that answers
+# "native bf16?" the other way from this machine (course_lib.machines.other_class: AVX2 where this CPU has bf16,
+# else AVX512_BF16, emulated), so CI exercises a class besides its own. COURSE_HARDWARE=<class> make test runs the
+# whole suite under one class (course_lib/machines.py lists them).
+HARDWARE_TESTS := tests/test_hardware_matrix.py tests/test_muon.py tests/test_config_policy.py tests/test_compress.py \
+	tests/test_capstone.py
+OTHER_CLASS = $(shell $(BIN)/python -c \
+	"from course_lib import hardware, machines; print(machines.other_class(hardware.own_cpu_flags()))")
+
 ## Lint, then the unit tests plus every notebook through nbval, in smoke size, the files side by side on the cores
-## (make test TEST_WORKERS=0 runs them in one process); the 15 slowest tests listed at the end.
+## (make test TEST_WORKERS=0 runs them in one process); the 15 slowest tests listed at the end; then the
+## hardware-dependent tests under the other CPU class (HARDWARE_TESTS).
 test: $(STAMP)
 	$(BIN)/ruff check course_lib scripts tests
 	COURSE_SIZE=smoke $(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile
+	@echo "The hardware-dependent tests again, emulating $(OTHER_CLASS):"
+	COURSE_HARDWARE=$(OTHER_CLASS) COURSE_SIZE=smoke $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile \
+		$(HARDWARE_TESTS)
 
 ## The developer's inner loop: lint, then the tests not marked slow (nothing that trains,
 ## starts a Python process or executes a notebook: tests/conftest.py's SLOW). make test still runs everything.

@@ -104,11 +104,17 @@ def test_gpu_presence_is_asked_only_through_hardware_gpu_count():
     assert not callers, f"ask hardware.gpu_count() instead: {callers}"
 
 
-def test_run_size_asks_hardware_gpu_count_for_the_device_kind(monkeypatch):
-    """run_size(lesson) takes the lesson's GPU scale when hardware.gpu_count() sees a GPU, its CPU scale otherwise."""
+def test_run_size_asks_hardware_for_the_device_kind(monkeypatch, hardware_class):
+    """run_size(lesson) takes the lesson's GPU scale where hardware.has_gpu() says so (a visible GPU, or an emulated
+    GPU class), its CPU scale otherwise."""
+    monkeypatch.delenv(hardware.HARDWARE_ENV, raising=False)
     monkeypatch.setattr(hardware, "gpu_count", lambda: 1)
     on_gpu = config.run_size("08_capstone", size="full")
     monkeypatch.setattr(hardware, "gpu_count", lambda: 0)
     on_cpu = config.run_size("08_capstone", size="full")
     assert on_gpu == config.run_size("08_capstone", gpu=True, size="full") and on_gpu.batch_size == 1024
     assert on_cpu == config.run_size("08_capstone", gpu=False, size="full") and on_cpu != on_gpu
+    hardware_class("gpu-t4")
+    assert config.run_size("08_capstone", size="full") == on_gpu
+    hardware_class("cpu-amx")
+    assert config.run_size("08_capstone", size="full") == on_cpu
