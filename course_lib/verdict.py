@@ -2,11 +2,15 @@
 rate is known (at most ALPHA = 5 %), a measured figure against a target (met or missed: the one rule, against()),
 spreads and plain numbers, so a lesson's conclusion is printed from its run.
 
+Each verdict is one short line (a Verdict: a str of at most about 100 characters for the lessons' names) in one
+wording of how sure: "compiled: 1.71x faster than eager (sure: 6 of 6 rounds)", "A vs B: no difference (median
+1.02x slower, 6 rounds)". Its `.detail` names the test, the interval and the counts; FOOTNOTE explains the rule once.
+
 The rule. A difference is called only when (1) the exact interval of the ratio (or difference) excludes "no change":
 the sign test over paired rounds, the rank-sum test over unpaired runs, Student's t for means (course_lib.significance,
 each at LEVEL = 4 %, whatever the noise, for Student's t normal noise), and (2) the ratio is at least MIN_EFFECT from 1
 (else "no practical difference"). With too few rounds to reach that rate the line says so and names how many it
-needs. One convention: "A is k.kkx faster (or slower) than B" with k >= 1, and every other line gives its ratio so.
+needs. One convention: "A: k.kkx faster (or slower) than B" with k >= 1, and every other line gives its ratio so.
 """
 from __future__ import annotations
 
@@ -18,10 +22,36 @@ from typing import Sequence
 from . import significance
 from .significance import ALPHA, LEVEL
 
-NOISE = "no difference beyond the spread"
+NOISE = "no difference"  # the rule could not be sure of one (not: the two are equal)
 PRACTICAL = "no practical difference"
 TOO_FEW = "too few"  # "too few rounds to judge" (paired) or "too few runs to judge"
 MIN_EFFECT = 0.05  # the smallest speed difference worth calling: 5 % (below it, "no practical difference")
+SURE = "sure"  # the one word for how sure a called difference is: "(sure: 6 of 6 rounds)"
+LONGEST = 120  # the most characters a printed verdict line may take (tests/test_verdict.py checks the lessons' names)
+
+FOOTNOTE = (
+    "How sure: a line says 'sure' only where the course's rule calls a difference, and the rule calls one where "
+    "nothing differs at most 5 % of the time (its false-positive rate). Speeds are measured in paired rounds, both "
+    "sides back to back, and the sign test asks how often a fair coin would put that many rounds on one side: 6 of "
+    "6 happens 2 x (1/2)^6 = 3.1 % of the time, so 6 rounds is the fewest that can be sure, and their interval "
+    "covers 100 - 3.1 = 97 % (the test's own step, not a chosen level). Unpaired runs (the rank-sum test) and "
+    "accuracies (Student's t, McNemar's test) keep the same 5 %. 'no difference' means the rule could not be sure, "
+    "not that the two are equal; 'no practical difference' means a sure gap under 5 %."
+)
+
+
+class Verdict(str):
+    """A verdict line (the str itself: short, printed as is) with the evidence behind it: `detail`, the test, its
+    interval and counts in one line; `called`, +1 (a better), -1 (b better), 0 (no (practical) difference) or None
+    (too few rounds)."""
+
+    detail: str
+    called: int | None
+
+    def __new__(cls, line: str, detail: str, called: int | None) -> "Verdict":
+        self = super().__new__(cls, line)
+        self.detail, self.called = detail, called
+        return self
 
 
 def number(value: float, digits: int = 3) -> str:
@@ -119,10 +149,22 @@ def direction(a: Sequence[float], b: Sequence[float], *, higher_is_better: bool 
                    medians_ratio(a, b, higher_is_better=higher_is_better))
 
 
+def _agreeing(a: Sequence[float], b: Sequence[float], higher_is_better: bool, paired: bool,
+              sign: int) -> tuple[int, int]:
+    """(how many rounds, or pairs of runs, point the way `sign` says: a better for +1, b better for -1; how many in
+    all): the counts behind 'sure: 6 of 6 rounds'."""
+    pairs = list(zip(a, b)) if paired else [(x, y) for x in a for y in b]
+    better = [(x > y) if higher_is_better else (x < y) for x, y in pairs]
+    worse = [(x < y) if higher_is_better else (x > y) for x, y in pairs]
+    return sum(better if sign > 0 else worse), len(pairs)
+
+
 def compare(a: Sequence[float], b: Sequence[float], name_a: str, name_b: str, *, higher_is_better: bool = True,
-            paired: bool = False, better: str = "faster", worse: str = "slower", smallest: float = MIN_EFFECT) -> str:
-    """'A is 1.72x faster than B (97 % interval 1.62x–1.80x faster, 6 rounds)', 'A vs B: no difference beyond the
-    spread (...)', 'A vs B: no practical difference (...)' or 'A vs B: too few rounds to judge (...)'.
+            paired: bool = False, better: str = "faster", worse: str = "slower",
+            smallest: float = MIN_EFFECT) -> Verdict:
+    """'A: 1.72x faster than B (sure: 6 of 6 rounds)', 'A vs B: no difference (median 1.02x slower, 6 rounds)',
+    'A vs B: no practical difference (...)' or 'A vs B: too few rounds to judge (...)'; .detail gives the test, its
+    interval and counts.
 
     a, b: repeated measurements of one figure (images/s when higher_is_better, seconds otherwise). paired: the
     i-th values were measured in the same interleaved round (the sign test; 6 rounds or more), else independent
@@ -130,50 +172,65 @@ def compare(a: Sequence[float], b: Sequence[float], name_a: str, name_b: str, *,
     iv = interval(a, b, higher_is_better=higher_is_better, paired=paired)
     count = (f"{len(a)} round{'s' * (len(a) > 1)}" if paired else f"{len(a)} and {len(b)} runs" if len(a) != len(b)
              else f"{len(a)} run{'s' * (len(a) > 1)} each")
-    where = "in the median round" if paired else "as the median ratio of their runs"
-    est = f"{name_a} {factor(iv.mid, better, worse)} {where}"
+    median = f"median {factor(iv.mid, better, worse)}"
     shown = medians_ratio(a, b, higher_is_better=higher_is_better)
     decision = _decide(iv, smallest, shown)
+    test = "sign test over paired rounds" if paired else "rank-sum test over unpaired runs"
+    what = "rounds" if paired else "run pairs"
     if decision is None:
         need = f"{iv.need}" + ("" if paired else " a side")
-        return (f"{name_a} vs {name_b}: {TOO_FEW} {'rounds' if paired else 'runs'} to judge ({count}; the rule needs "
-                f">= {need} to keep its error rate under {_pct(ALPHA)}); {est}")
-    span = f"{100 * iv.level:.0f} % interval {_span(iv.lo, iv.hi, better, worse)}, {count}"
+        return Verdict(f"{name_a} vs {name_b}: {TOO_FEW} {'rounds' if paired else 'runs'} to judge ({count}, "
+                       f"need {need})",
+                       f"{test}: {count}; it needs {need} to keep its false-positive rate at most {_pct(ALPHA)}; "
+                       f"{name_a} {factor(iv.mid, better, worse)} in the "
+                       f"{'median round' if paired else 'median ratio'}",
+                       None)
+    way = 1 if iv.mid > 1 else -1
+    agree, total = _agreeing(a, b, higher_is_better, paired, way)
+    detail = (f"{test}, {count}: {agree} of {total} {what} {better if way > 0 else worse}; "
+              f"{100 * iv.level:.0f} % interval {_span(iv.lo, iv.hi, better, worse)} "
+              f"(false-positive rate {100 * (1 - iv.level):.1f} %, at most {_pct(ALPHA)})")
     if decision:
-        return f"{name_a} is {factor(iv.mid, better, worse)} than {name_b} ({span})"
+        return Verdict(f"{name_a}: {factor(iv.mid, better, worse)} than {name_b} ({SURE}: {agree} of {total} {what})",
+                       detail, decision)
     if (iv.lo > 1 or iv.hi < 1) and (shown - 1) * (iv.mid - 1) <= 0:
-        return (f"{name_a} vs {name_b}: {NOISE} ({est}, but its median {factor(shown, better, worse)}: the two "
-                f"disagree; {span})")
+        return Verdict(f"{name_a} vs {name_b}: {NOISE} ({what} and medians disagree; {count})",
+                       f"{detail}; but the medians' ratio is {factor(shown, better, worse)}: the two disagree", 0)
     if iv.lo > 1 or iv.hi < 1:
-        return f"{name_a} vs {name_b}: {PRACTICAL} ({est}, under the {_pct(smallest)} worth calling; {span})"
-    return f"{name_a} vs {name_b}: {NOISE} ({est}; {span})"
+        return Verdict(f"{name_a} vs {name_b}: {PRACTICAL} ({factor(iv.mid, better, worse)}, under "
+                       f"{_pct(smallest)}; {count})",
+                       f"{detail}; under the {_pct(smallest)} worth calling", 0)
+    return Verdict(f"{name_a} vs {name_b}: {NOISE} ({median}, {count})", detail, 0)
 
 
 def difference(a: Sequence[float], b: Sequence[float], name_a: str, name_b: str, *, unit: str = "",
                fmt: str = "{:.2f}", noise: float | None = None, noise_runs: int | None = None, smallest: float = 0.0,
-               higher: str = "higher", lower: str = "lower") -> str:
-    """'A is 0.80 pt higher than B (noise band ± 0.30 pt, Student's t at 4 %; 5 runs each)', or no difference.
+               higher: str = "higher", lower: str = "lower") -> Verdict:
+    """'A: 0.80 pt higher than B (sure: outside ± 0.30 pt, 5 runs each)', or no difference; .detail: Student's t.
 
     A difference of means is called when it lies outside Student's t band (significance.mean_difference: the
     pooled spread of a and b, or `noise`, the standard deviation of `noise_runs` repeated runs measured elsewhere,
-    e.g. a seed loop, when a side has a single run) and is at least `smallest` (in the figure's unit)."""
+    e.g. repeated seeds, when a side has a single run) and is at least `smallest` (in the figure's unit)."""
     iv = significance.mean_difference(a, b, noise=noise, noise_runs=noise_runs)
     d = iv.mid
     runs = f"{len(a)} and {len(b)} runs" if len(a) != len(b) else f"{len(a)} run{'s' * (len(a) > 1)} each"
     gap = f"{fmt.format(abs(d))}{unit} {higher if d >= 0 else lower} than {name_b}"
-    if math.isnan(iv.lo):
-        return (f"{name_a} vs {name_b}: {TOO_FEW} runs to judge ({runs}; need 2 a side, or a run-to-run spread "
-                f"measured elsewhere); {name_a} measured {gap}")
-    band = iv.hi - d
-    src = f"Student's t at {_pct(LEVEL)}" + ("" if noise is None else
-                                             f", run-to-run std {fmt.format(noise)}{unit} over {noise_runs} runs")
     within = f"{d:+.{_decimals(fmt)}f}{unit}"
+    if math.isnan(iv.lo):
+        return Verdict(f"{name_a} vs {name_b}: {TOO_FEW} runs to judge ({runs}, need 2 a side)",
+                       f"Student's t needs 2 runs a side, or a run-to-run spread measured elsewhere; {name_a} "
+                       f"measured {gap}", None)
+    band = iv.hi - d
+    src = "their own spread" if noise is None else f"run-to-run std {fmt.format(noise)}{unit} over {noise_runs} runs"
+    detail = (f"Student's t, {runs}: {within} against a band of ± {fmt.format(band)}{unit} ({src}; false-positive "
+              f"rate {_pct(LEVEL)}, at most {_pct(ALPHA)})")
     if abs(d) > band and abs(d) >= smallest:
-        return f"{name_a} is {gap} (noise band ± {fmt.format(band)}{unit}, {src}; {runs})"
+        return Verdict(f"{name_a}: {gap} ({SURE}: outside ± {fmt.format(band)}{unit}, {runs})", detail,
+                       1 if d > 0 else -1)
     if abs(d) > band:
-        return (f"{name_a} vs {name_b}: {PRACTICAL} ({within}, beyond ± {fmt.format(band)}{unit} but under the "
-                f"{fmt.format(smallest)}{unit} worth calling, {src}; {runs})")
-    return f"{name_a} vs {name_b}: {NOISE} ({within} within ± {fmt.format(band)}{unit}, {src}; {runs})"
+        return Verdict(f"{name_a} vs {name_b}: {PRACTICAL} ({within}, under {fmt.format(smallest)}{unit}; {runs})",
+                       f"{detail}; under the {fmt.format(smallest)}{unit} worth calling", 0)
+    return Verdict(f"{name_a} vs {name_b}: {NOISE} ({within}, within ± {fmt.format(band)}{unit}; {runs})", detail, 0)
 
 
 def _decimals(fmt: str) -> int:
@@ -225,24 +282,29 @@ def target_line(label: str, got: float, goal: float) -> str:
     return f"{label} = {got:.2f}x (target {goal}x): {'met' if against([got], goal).met else 'MISSED'}"
 
 
-def paired_accuracy(correct_a: Sequence[bool], correct_b: Sequence[bool], name_a: str, name_b: str) -> str:
-    """Accuracy of two models on the same test images, 'A is 1.20 pt lower than B' only when the exact McNemar test
-    calls it at 5 %: among the images where exactly one model is right, a fair coin would split them this unevenly
-    less than 5 % of the time (significance.mcnemar_band); else within noise.
+def paired_accuracy(correct_a: Sequence[bool], correct_b: Sequence[bool], name_a: str, name_b: str) -> Verdict:
+    """Accuracy of two models on the same test images, 'A: 1.20 pt lower than B (sure: 70 of 110 differing
+    images)' only when the exact McNemar test calls it: among the images where exactly one model is right, a
+    fair coin would split them this unevenly less than 5 % of the time (significance.mcnemar_band); else no
+    difference. .detail gives the accuracies, the band and the counts.
 
-    This is the test set's sampling noise for these two trained models; a retrained model moves further (a seed
-    spread measures that), so the line says it is one training run each."""
+    This is the test set's sampling noise for these two trained models; a retrained model moves further (repeated
+    seeds measure that), so the detail says it is one training run each."""
     if len(correct_a) != len(correct_b) or not correct_a:
         raise ValueError("A paired accuracy verdict needs per-image results on the same, non-empty test set.")
     n = len(correct_a)
     acc_a, acc_b = 100 * sum(map(bool, correct_a)) / n, 100 * sum(map(bool, correct_b)) / n
     discordant = sum(bool(x) != bool(y) for x, y in zip(correct_a, correct_b))
-    band, _ = significance.mcnemar_band(discordant, n)
+    band, rate = significance.mcnemar_band(discordant, n)
     d = acc_a - acc_b
-    where = (f"exact McNemar test at {_pct(LEVEL)}; {n:,} test images, {discordant} on which only one is right; one "
-             f"training run each")
+    wins_a = sum(bool(x) and not bool(y) for x, y in zip(correct_a, correct_b))
+    calls = (f"a gap of ± {band:.2f} pt or more is called (false-positive rate {100 * rate:.1f} %, at most "
+             f"{_pct(ALPHA)})" if math.isfinite(band) else "too few images differ to call any gap")
+    detail = (f"exact McNemar test, {n:,} test images: {name_a} {acc_a:.2f} %, {name_b} {acc_b:.2f} %; of the "
+              f"{discordant:,} differing images (only one model right), {wins_a:,} go to {name_a}; {calls}; one "
+              f"training run each")
     if abs(d) >= band - 1e-9:  # band: the smallest gap the test calls (2k - discordant images, in points)
-        return (f"{name_a} is {abs(d):.2f} pt {'higher' if d > 0 else 'lower'} than {name_b} "
-                f"({acc_a:.2f} % vs {acc_b:.2f} %, noise band ± {band:.2f} pt; {where})")
-    within = f"within ± {band:.2f} pt" if math.isfinite(band) else "too few images differ to call any gap"
-    return f"{name_a} vs {name_b}: {NOISE} ({acc_a:.2f} % vs {acc_b:.2f} %, {d:+.2f} pt {within}; {where})"
+        agree = wins_a if d > 0 else discordant - wins_a
+        return Verdict(f"{name_a}: {abs(d):.2f} pt {'higher' if d > 0 else 'lower'} than {name_b} ({SURE}: {agree:,} "
+                       f"of {discordant:,} differing images)", detail, 1 if d > 0 else -1)
+    return Verdict(f"{name_a} vs {name_b}: {NOISE} ({acc_a:.2f} % vs {acc_b:.2f} %, {n:,} test images)", detail, 0)

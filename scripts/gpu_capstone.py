@@ -230,8 +230,9 @@ def muon_summary(report, e, f) -> None:
         names = ("the course (f)", "airbench94_muon (e)")
         times = [r.total_s for r in f], [r["time_s"] for r in e]
         accs = pct(r.acc for r in f), pct(r["acc"] for r in e)
-        lines += [f"- time: {verdict.compare(*times, *names, higher_is_better=False)}",
-                  f"- accuracy: {verdict.difference(*accs, *names, unit=' pt')}"]
+        took = verdict.compare(*times, *names, higher_is_better=False)
+        acc = verdict.difference(*accs, *names, unit=" pt")
+        lines += [f"- time: {took}", f"  - {took.detail}", f"- accuracy: {acc}", f"  - {acc.detail}"]
     if f:
         reached = "reached" if statistics.mean(pct(r.acc for r in f)) >= 94 else "not reached"
         lines.append(f"- 94 % on the held-out images: {reached} by the course's Muon rung")

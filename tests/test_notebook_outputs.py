@@ -52,8 +52,11 @@ def test_committed_outputs_carry_no_noise(path):
 # a figure a table should print in plain digits (7,770 images/s), not as 7.77e+03; 1e-8 rounding errors may stay
 E_NOTATION = re.compile(r"(?<![\w.])\d\.\d+e\+0[3-9]\b")
 # the words course_lib.verdict prints: every lesson that measures states at least one verdict from its run
-VERDICT = re.compile(r"x (faster|slower) than|no difference beyond the spread|no practical difference|"
+VERDICT = re.compile(r"x (faster|slower) than|no difference|no practical difference|"
                      r"pt (higher|lower) than|(meets|misses) the target|too few (rounds|runs) to judge")
+# a line course_lib.verdict's compare, difference or paired_accuracy printed: read at a glance, at most 120 characters
+VERDICT_LINE = re.compile(r"\((sure: \d[\d,]* of \d|sure: outside ± )|: no (practical )?difference \(|"
+                          r"too few (rounds|runs) to judge \(|no difference beyond the spread|\(\d\d % interval ")
 MEASURED = [p for p in NOTEBOOKS if p.stem[:2] in {f"{n:02d}" for n in range(1, 9)}]
 
 
@@ -69,6 +72,17 @@ def test_committed_figures_are_plain_numbers(path):
 def test_committed_lessons_print_their_verdicts(path):
     """Lessons 01-08 print at least one verdict in course_lib.verdict's words, from the run itself."""
     assert any(VERDICT.search(text) for _, text in output_texts(path)), f"{path.name}: no verdict line printed"
+
+
+@pytest.mark.parametrize("path", MEASURED, ids=[p.stem for p in MEASURED])
+def test_committed_verdict_lines_are_short(path):
+    """Every verdict line fits in 120 characters (verdict.LONGEST): the test, interval and counts are in its .detail
+    and verdict.FOOTNOTE, not in the line. (Outputs from before the short lines fail here until the lesson re-runs.)"""
+    from course_lib import verdict
+
+    long = [f"cell {i}: {len(line)} characters: {line[:160]!r}" for i, text in output_texts(path)
+            for line in text.splitlines() if VERDICT_LINE.search(line) and len(line) > verdict.LONGEST]
+    assert not long, "\n".join(long)
 
 
 FIT = """

@@ -1,5 +1,6 @@
 """The verdict's words follow the numbers and the rule: faster, slower, no difference, no practical difference, too
-few rounds to judge, a target met or missed (the error rates themselves: tests/test_verdict_rates.py)."""
+few rounds to judge, a target met or missed, each in one short line with its evidence in .detail (the error rates
+themselves: tests/test_verdict_rates.py)."""
 from __future__ import annotations
 
 import itertools
@@ -16,56 +17,59 @@ SLOW = [100, 105, 102, 101, 104, 103]
 def test_faster_when_every_round_favours_a():
     """Six paired rounds all on one side: the sign test's 2 x (1/2)^6 = 3.1 %, so 'faster', with its interval."""
     text = verdict.compare(FAST, SLOW, "compiled", "eager", paired=True)
-    assert text.startswith("compiled is 1.71x faster than eager"), text
-    assert "97 % interval 1.70x–1.72x faster, 6 rounds" in text
+    assert text == "compiled: 1.71x faster than eager (sure: 6 of 6 rounds)", text
+    assert text.called == 1 and "sign test" in text.detail and "97 % interval 1.70x–1.72x faster" in text.detail
+    assert "false-positive rate 3.1 %, at most 5 %" in text.detail
 
 
 def test_slower_names_the_factor_the_other_way():
     """a at 0.58x of b reads '1.72x slower', its interval turned round too: every factor is >= 1."""
     text = verdict.compare(SLOW, FAST, "eager", "compiled", paired=True)
-    assert text.startswith("eager is 1.71x slower than compiled"), text
-    assert "1.70x–1.72x slower" in text
+    assert text == "eager: 1.71x slower than compiled (sure: 6 of 6 rounds)", text
+    assert "1.70x–1.72x slower" in text.detail and text.called == -1
 
 
 def test_one_round_on_the_other_side_is_no_verdict_at_six_rounds():
     """Five of six rounds is what a fair coin does 2 x 7/64 = 22 % of the time: no difference, ratio still k >= 1."""
     a = [110, 111, 109, 112, 108, 95]
-    text = verdict.compare(a, [100] * 6, "barebones", "quiet Trainer", paired=True)
-    assert verdict.NOISE in text and "6 rounds" in text
-    assert "barebones 1.10x faster in the median round" in text and "from 1.05x slower to 1.12x faster" in text
+    text = verdict.compare(a, [100] * 6, "barebones", "the Trainer", paired=True)
+    assert text == "barebones vs the Trainer: no difference (median 1.10x faster, 6 rounds)", text
+    assert "5 of 6 rounds faster" in text.detail and "from 1.05x slower to 1.12x faster" in text.detail
     assert verdict.direction(a, [100] * 6, paired=True) == 0
 
 
 def test_too_few_rounds_say_so_instead_of_guessing():
     """Three rounds cannot reach 5 % (all three on one side: 25 %): the line says how many it needs."""
     text = verdict.compare(FAST[:3], SLOW[:3], "compiled", "eager", paired=True)
-    assert "too few rounds to judge (3 rounds; the rule needs >= 6 to keep its error rate under 5 %)" in text
-    assert "compiled 1.71x faster in the median round" in text
+    assert text == "compiled vs eager: too few rounds to judge (3 rounds, need 6)", text
+    assert "compiled 1.71x faster in the median round" in text.detail and text.called is None
+    assert "needs 6 to keep its false-positive rate at most 5 %" in text.detail
     assert verdict.direction(FAST[:3], SLOW[:3], paired=True) is None
-    assert "(1 run each; the rule needs >= 4 a side" in verdict.compare([200], [100], "A", "B")
+    assert "(1 run each, need 4 a side)" in verdict.compare([200], [100], "A", "B")
 
 
 def test_a_small_sure_gap_is_no_practical_difference():
     """1.02x in every round: beyond the spread, but under the 5 % worth calling; smallest=0 calls it."""
     a, b = [102, 204, 306, 408, 510, 612], [100, 200, 300, 400, 500, 600]
     text = verdict.compare(a, b, "A", "B", paired=True)
-    assert text.startswith("A vs B: no practical difference (A 1.02x faster") and "under the 5 % worth" in text
+    assert text == "A vs B: no practical difference (1.02x faster, under 5 %; 6 rounds)", text
+    assert "under the 5 % worth calling" in text.detail
     assert verdict.direction(a, b, paired=True) == 0
-    assert verdict.compare(a, b, "A", "B", paired=True, smallest=0).startswith("A is 1.02x faster than B")
+    assert verdict.compare(a, b, "A", "B", paired=True, smallest=0).startswith("A: 1.02x faster than B (sure:")
 
 
 def test_times_lower_is_better():
     """Seconds: the one that takes less time is faster, by B's time over A's."""
     text = verdict.compare([1.0, 1.1, 1.05, 1.0], [2.0, 2.1, 2.2, 2.0], "fast", "slow", higher_is_better=False)
-    assert text.startswith("fast is 2.00x faster than slow"), text
-    assert "4 runs each" in text
+    assert text == "fast: 2.00x faster than slow (sure: 16 of 16 run pairs)", text
+    assert "rank-sum test" in text.detail and "4 runs each" in text.detail
 
 
 def test_paired_rounds_cancel_a_shared_drift_unpaired_runs_do_not():
     """A steady 1.1x under a drift that moves both sides: called paired; unpaired the runs overlap."""
     b = [100, 200, 300, 150, 250, 120]
     a = [1.1 * x for x in b]
-    assert verdict.compare(a, b, "A", "B", paired=True).startswith("A is 1.10x faster than B")
+    assert verdict.compare(a, b, "A", "B", paired=True).startswith("A: 1.10x faster than B")
     assert verdict.NOISE in verdict.compare(a, b, "A", "B")
     with pytest.raises(ValueError, match="as many runs"):
         verdict.compare([1, 2], [1], "A", "B", paired=True)
@@ -74,29 +78,31 @@ def test_paired_rounds_cancel_a_shared_drift_unpaired_runs_do_not():
 def test_unpaired_runs_use_the_rank_sum_interval():
     """Four runs a side that do not overlap: 2 / C(8, 4) = 2.9 %, called; the ratio is the median pairwise one."""
     text = verdict.compare([10.0, 10.5, 11.0, 10.2], [5.0, 5.1, 5.2, 5.3], "A", "B")
-    assert text.startswith("A is 2.01x faster than B (97 % interval 1.89x–2.20x faster, 4 runs each)"), text
+    assert text == "A: 2.01x faster than B (sure: 16 of 16 run pairs)", text
+    assert "4 runs each: 16 of 16 run pairs faster; 97 % interval 1.89x–2.20x faster" in text.detail, text.detail
 
 
 def test_difference_of_means_by_students_t():
     """Accuracy means 1 pt apart with 0.1 pt scatter: called; the same gap with 2 pt scatter is noise."""
     tight = verdict.difference([92.0, 92.1, 91.9], [93.0, 93.1, 92.9], "QAT", "fp32", unit=" pt")
-    assert tight.startswith("QAT is 1.00 pt lower than fp32"), tight
-    assert "Student's t at 4 %" in tight and "3 runs each" in tight
+    assert tight == "QAT: 1.00 pt lower than fp32 (sure: outside ± 0.24 pt, 3 runs each)", tight
+    assert "Student's t, 3 runs each" in tight.detail and tight.called == -1
     loose = verdict.difference([90.0, 94.0, 92.0], [95.0, 91.0, 93.0], "QAT", "fp32", unit=" pt")
-    assert verdict.NOISE in loose and "-1.00 pt" in loose
+    assert verdict.NOISE in loose and "-1.00 pt" in loose and loose.called == 0
     small = verdict.difference([92.0, 92.1, 91.9], [93.0, 93.1, 92.9], "QAT", "fp32", unit=" pt", smallest=2)
     assert verdict.PRACTICAL in small
 
 
 def test_difference_of_single_runs_against_a_seed_spread():
-    """One run per ladder rung, judged by a 5-seed std (t with 4 df): +0.7 pt is noise at std 0.62, +3 pt is not."""
-    quiet = verdict.difference([93.4], [92.7], "rung 2", "rung 1", unit=" pt", noise=0.62, noise_runs=5)
+    """One run per speedrun step, judged by a 5-seed std (t with 4 df): +0.7 pt is noise at std 0.62, +3 pt is
+    not."""
+    quiet = verdict.difference([93.4], [92.7], "step 2", "step 1", unit=" pt", noise=0.62, noise_runs=5)
     assert verdict.NOISE in quiet
-    called = verdict.difference([95.7], [92.7], "rung 2", "rung 1", unit=" pt", noise=0.62, noise_runs=5)
-    assert called.startswith("rung 2 is 3.00 pt higher than rung 1") and "std 0.62 pt over 5 runs" in called
-    assert "too few runs to judge" in verdict.difference([93.4], [92.7], "rung 2", "rung 1")
+    called = verdict.difference([95.7], [92.7], "step 2", "step 1", unit=" pt", noise=0.62, noise_runs=5)
+    assert called.startswith("step 2: 3.00 pt higher than step 1 (sure:") and "std 0.62 pt over 5 runs" in called.detail
+    assert "too few runs to judge" in verdict.difference([93.4], [92.7], "step 2", "step 1")
     with pytest.raises(ValueError, match="noise_runs"):
-        verdict.difference([93.4], [92.7], "rung 2", "rung 1", noise=0.62)
+        verdict.difference([93.4], [92.7], "step 2", "step 1", noise=0.62)
 
 
 def test_target_median_decides_and_the_count_shows_how_firmly():
@@ -152,14 +158,17 @@ def test_paired_accuracy_is_the_exact_mcnemar_test():
         better[i] = True
     for i in range(0, 5):  # ... and 5 the other way: +30 images, 40 discordant
         better[i] = False
-    assert verdict.paired_accuracy(better, base, "pruned", "fp32").startswith("pruned is 3.00 pt higher than fp32")
+    text = verdict.paired_accuracy(better, base, "pruned", "fp32")
+    assert text == "pruned: 3.00 pt higher than fp32 (sure: 35 of 40 differing images)", text
+    assert "exact McNemar test, 1,000 test images" in text.detail and "one training run each" in text.detail
     close = base[:]
     for i in range(500, 522):
         close[i] = True
     for i in range(0, 18):
         close[i] = False
     text = verdict.paired_accuracy(close, base, "QAT", "PTQ")
-    assert verdict.NOISE in text and "+0.40 pt" in text and "one training run each" in text
+    assert text == "QAT vs PTQ: no difference (50.40 % vs 50.00 %, 1,000 test images)", text
+    assert "22 go to QAT" in text.detail and "one training run each" in text.detail
     with pytest.raises(ValueError, match="same"):
         verdict.paired_accuracy([True], [True, False], "a", "b")
 
@@ -196,3 +205,42 @@ def test_no_difference_is_called_against_the_medians():
     assert verdict.direction(a, b, paired=True) == 0
     line = verdict.compare(a, b, "A", "B", paired=True)
     assert verdict.NOISE in line and "disagree" in line and "faster than" not in line
+    assert "the medians' ratio is 1.13x slower" in line.detail, line.detail
+
+
+# the lessons' longest names (03's data-path rows, 06's process layouts, 07's models, 08's steps)
+NAMES = [("JPEG, 2 workers, pinned + persistent", "JPEG, num_workers=2"),
+         ("data on the device", "the DataLoader with num_workers=0"),
+         ("2 processes x 1 thread, DDP", "1 process x 2 threads"),
+         ("keeping the loss on the device", "one .item() per step"),
+         ("LitLeNet, barebones", "the plain loop"), ("pruned 90%", "unpruned fp32"),
+         ("the course's Muon step (f)", "airbench94_muon (e)"), ("training time", "the step before")]
+
+
+def test_every_verdict_line_is_short():
+    """Every kind of line, for the lessons' longest names, fits in LONGEST (120) characters: read at a glance."""
+    rounds = [[170.0, 180, 175, 172, 178, 176], [100.0, 105, 102, 101, 104, 103], [110.0, 111, 109, 112, 108, 95],
+              [102.0, 204, 306, 408, 510, 612], [100.0, 200, 300, 400, 500, 600], [1e5, 2e5, 3e5, 4e5, 5e5, 6e5]]
+    right = [True] * 1_600 + [False] * 400
+    models = [right, [not r if i % 7 == 0 else r for i, r in enumerate(right)], [False] * 2_000]
+    lines = []
+    for a, b in NAMES:
+        for x, y in itertools.permutations(rounds, 2):
+            for kwargs in ({"paired": True}, {}, {"higher_is_better": False}, {"paired": True, "smallest": 0}):
+                lines += [verdict.compare(x, y, a, b, **kwargs), verdict.compare(x[:3], y[:3], a, b, **kwargs)]
+            if max(x + y) > 1e3:  # differences in the lessons' units: seconds and points, under a thousand
+                continue
+            lines += [verdict.difference(x, y, a, b, unit=" s"), verdict.difference(x[:1], y[:1], a, b, unit=" s"),
+                      verdict.difference(x[:1], y[:1], a, b, unit=" s", noise=3e4, noise_runs=5),
+                      verdict.difference(x, y, a, b, unit=" s", smallest=0.05 * max(y))]
+        lines += [verdict.paired_accuracy(m, n, a, b) for m, n in itertools.permutations(models, 2)]
+    long = [f"{len(t)}: {t}" for t in lines if len(t) > verdict.LONGEST]
+    assert not long, "\n".join(long[:5])
+    assert all(t.detail for t in lines) and len(verdict.FOOTNOTE) < 800
+
+
+def test_the_footnote_explains_the_rule_once():
+    """FOOTNOTE names what 'sure' means, its 5 % false-positive rate, why six rounds and why the interval is 97 %."""
+    for words in ("sure", "5 %", "6 of 6", "3.1 %", "97 %", "rank-sum", "Student's t", "no difference"):
+        assert words in verdict.FOOTNOTE, words
+    assert round(100 * significance.sign_level(6, 0)) == 97 and significance.paired_need() == 6

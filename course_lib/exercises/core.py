@@ -44,11 +44,10 @@ class Grading:
         self.grades.append({"name": name, "ratio": ratio, "low": got.low, "high": got.high, "rounds": got.rounds,
                             "past": got.past, "target": target, "passed": got.met, "what": what, "hardware": hardware})
         where = f" on {hardware}" if hardware else ""
-        slower = f"; yours is {verdict.factor(ratio)} than the baseline" if ratio < 1 else ""
         straddle = "; the rounds straddle the target (a busy machine?): re-run to confirm" if got.straddles else ""
-        print(f"{name}: the baseline's {what} / yours = {ratio:.2f}x{where} (target >= {target:g}x; per round "
-              f"{got.low:.2f}-{got.high:.2f}x, {got.past} of {got.rounds} rounds at or past the target): "
-              f"{'passed' if got.met else 'not yet'}{slower}{straddle}")
+        print(f"{name}: {'passed' if got.met else 'not yet'} ({what}: baseline / yours = {ratio:.2f}x, target >= "
+              f"{target:g}x; {got.past} of {got.rounds} rounds past it)")
+        print(f"  per round {got.low:.2f}-{got.high:.2f}x{where}{straddle}")
         return got.met
 
     def ratio_check(self, name: str, learner: Callable[[], float], baseline: Callable[[], float], target: float, *,
