@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from . import config, hardware, results, timing, verdict
+from . import config, hardware, timing, verdict
 
 MATMUL_N = {"cpu": 2048, "cuda": 8192}  # square side: enough multiply-adds to keep the matrix units busy
 SMOKE_MATMUL_N = 512  # smoke size: checks the code in a fraction of a second, not a ceiling to quote
@@ -190,7 +190,7 @@ def measure(device: str = "cpu", *, size: str | None = None,
 
 def path(device: str) -> Path:
     """Where this machine's ceilings on `device` are saved: build/ceilings/<hardware>-<device>.json."""
-    return config.build_dir() / "ceilings" / f"{results.file_name(hardware.label())}-{device}.json"
+    return config.ceilings_file(device)
 
 
 def save(found: Ceilings) -> Path:

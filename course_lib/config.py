@@ -2,10 +2,15 @@
 hardware (course_lib.hardware) at the top of every lesson."""
 from __future__ import annotations
 
+import json
 import os
+import re
+import statistics
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+import torch
 
 from . import hardware
 from .errors import CourseError, MissingPathError
@@ -77,11 +82,106 @@ LESSON_SCALES = {
 }
 
 
-def run_size(lesson: str | None = None, gpu: bool | None = None, size: str | None = None) -> RunSize:
+#: make course's time on any CPU class: each lesson's full size on a CPU is fitted to its share, LESSON_BUDGET_S
+COURSE_BUDGET_S = 35 * 60
+#: the seconds each lesson's full run may take on a CPU: the native-bf16 reference run's times x 1.5, 1,745 s in all,
+#: leaving the rest of COURSE_BUDGET_S to the fixed costs the rule does not scale (start-up, compilation, spawns)
+LESSON_BUDGET_S = {"00_setup": 40, "01_pytorch_baseline": 105, "02_lightning": 140, "03_gpu_and_data": 285,
+                   "04_mixed_precision": 145, "05_compile_and_tuning": 100, "06_ddp": 310, "07_quantization": 150,
+                   "08_capstone": 470}
+#: what the budget rule scales from: make course at full size on two 2-core AMD EPYCs, one per answer to 'native
+#: bf16?' (lesson 04's bf16 rows differ most), as (the fp32 matmul GFLOP/s lesson 00 measured, wall s per lesson);
+#: docs/results/cpu-2core.md names the runs
+REFERENCE_RUNS = {
+    True: (197.0, {"00_setup": 26, "01_pytorch_baseline": 70, "02_lightning": 94, "03_gpu_and_data": 191,
+                   "04_mixed_precision": 97, "05_compile_and_tuning": 67, "06_ddp": 206, "07_quantization": 99,
+                   "08_capstone": 314}),
+    False: (70.2, {"00_setup": 33, "01_pytorch_baseline": 194, "02_lightning": 282, "03_gpu_and_data": 506,
+                   "04_mixed_precision": 517, "05_compile_and_tuning": 176, "06_ddp": 273, "07_quantization": 227,
+                   "08_capstone": 1118}),
+}
+TRAIN_IMAGES = 40_000  # a full run's training images: the 50,000 less 10 % validation and 10 % test (data.py)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A lesson's full size fitted to this machine: its budget, its predicted time at the listed size (the reference
+    run's, scaled by the reference's fp32 matmul rate over this machine's), and the fraction of the work kept."""
+    lesson: str
+    budget_s: float
+    predicted_s: float | None  # None: no ceilings saved yet, so nothing to predict from
+    gflops: float | None  # this machine's fp32 matmul rate (lesson 00's ceilings)
+    fraction: float  # of the training images and timed steps kept: 1 where the prediction fits the budget
+
+    def line(self) -> str:
+        """One line for the lesson's configuration cell."""
+        head = f"time budget {self.budget_s:.0f} s"
+        if self.predicted_s is None:
+            return f"{head}; no full-size ceilings of this CPU saved yet (lesson 00 measures them): the listed size"
+        keep = "the listed full size" if self.fraction >= 1 else f"{self.fraction:.0%} of its images and timed steps"
+        return (f"{head}; predicted {self.predicted_s:.0f} s at the listed size from this CPU's "
+                f"{self.gflops:.0f} GFLOP/s fp32, so {keep}")
+
+
+def lesson_budget(lesson: str, gflops: float | None, native_bf16: bool) -> Budget:
+    """The budget rule: predicted = the reference run's seconds x its GFLOP/s / this machine's; the fraction kept is
+    budget / predicted, at most 1 (the repeats a verdict needs are never cut: fit_to_budget)."""
+    budget = LESSON_BUDGET_S[lesson]
+    ref_gflops, ref_s = REFERENCE_RUNS[native_bf16]
+    if not gflops:
+        return Budget(lesson, budget, None, None, 1.0)
+    predicted = ref_s[lesson] * ref_gflops / gflops
+    return Budget(lesson, budget, predicted, gflops, min(1.0, budget / predicted))
+
+
+def fit_to_budget(size: RunSize, fraction: float, floor: RunSize) -> RunSize:
+    """A full size with `fraction` of its training images and timed steps, never below `floor` (the lesson's smoke
+    size); repeats, epochs and the evaluation images stay (the verdicts' rounds, accuracy on the whole held-out
+    split)."""
+    if fraction >= 1:
+        return size
+    listed = size.train_subset or TRAIN_IMAGES
+    images = min(listed, max(floor.train_subset or listed, round(fraction * listed)))
+    steps = min(size.bench_steps, max(floor.bench_steps, round(fraction * size.bench_steps)))
+    return replace(size, train_subset=images, bench_steps=steps)
+
+
+def cpu_gflops() -> float | None:
+    """This machine's fp32 matmul rate in GFLOP/s from lesson 00's full-size ceilings (ceilings.save), measured with
+    this thread count and torch; None before (a smoke run's or another setting's figure would mis-size the run)."""
+    try:
+        saved = json.loads(ceilings_file("cpu").read_text())
+        rate = statistics.median(saved["rows"]["matmul fp32"]["values"]) / 1e9
+    except (OSError, KeyError, ValueError):
+        return None
+    same = (saved.get("size"), saved.get("threads"), saved.get("torch")) == ("full", torch.get_num_threads(),
+                                                                             torch.__version__)
+    return rate if same else None
+
+
+def budget(lesson: str) -> Budget | None:
+    """This lesson's budget on this machine: None on a GPU (full is the real thing) or for a lesson without one."""
+    if lesson not in LESSON_BUDGET_S or hardware.has_gpu():
+        return None
+    return lesson_budget(lesson, cpu_gflops(), hardware.cpu_bf16_native())
+
+
+def file_name(text: str) -> str:
+    """`text` (a GPU's name, say) as a file name: runs of anything but letters, digits, '.', '-', '_' become '_'."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text.strip())
+
+
+def ceilings_file(device: str) -> Path:
+    """Where this machine's ceilings on `device` are saved: build/ceilings/<hardware>-<device>.json."""
+    return build_dir() / "ceilings" / f"{file_name(hardware.label())}-{device}.json"
+
+
+def run_size(lesson: str | None = None, gpu: bool | None = None, size: str | None = None, fit: bool = True) -> RunSize:
     """The run size from the switch (env COURSE_SIZE, default full), the only place it is read; for a lesson, with
     that lesson's scale on this kind of device (gpu: None asks the hardware; a CPU without native bf16 takes a
     CPU_EMULATED_BF16 row where the lesson has one) from LESSON_SCALES. size names a size
-    instead of the switch (a script's --dry-run asks for "smoke")."""
+    instead of the switch (a script's --dry-run asks for "smoke"). A CPU's full size is fitted to the lesson's time
+    budget (budget, fit_to_budget); fit=False gives the size as listed."""
     name = (size or os.environ.get(SIZE_ENV, "full")).strip().lower()
     if name not in SIZES:
         raise CourseError(f"{SIZE_ENV}={name!r} is not a run size; set {SIZE_ENV} to one of {sorted(SIZES)}.")
@@ -91,7 +191,9 @@ def run_size(lesson: str | None = None, gpu: bool | None = None, size: str | Non
     kind = "gpu" if gpu else "cpu"
     if kind == "cpu" and (lesson, name, CPU_EMULATED_BF16) in LESSON_SCALES and not hardware.cpu_bf16_native():
         kind = CPU_EMULATED_BF16  # this CPU has no bf16 instructions: the lesson's scale for emulated bf16
-    return replace(SIZES[name], **LESSON_SCALES.get((lesson, name, kind), {}))
+    listed = replace(SIZES[name], **LESSON_SCALES.get((lesson, name, kind), {}))
+    fitted = budget(lesson) if fit and name == "full" and not gpu else None
+    return fit_to_budget(listed, fitted.fraction, run_size(lesson, gpu, "smoke")) if fitted else listed
 
 
 def repo_root() -> Path | None:
@@ -178,6 +280,9 @@ def banner(lesson: str) -> dict:
     hardware.check_cuda()
     size, info = run_size(), hardware.facts()
     print(f"{lesson} | run size: {size.name} | hardware: {hardware.label(info)}")
+    fitted = budget(lesson) if size.name == "full" else None
+    if fitted:
+        print(fitted.line())
     print(f"torch {info['torch']}, torchvision {info['torchvision']}, lightning {info['lightning']}, "
           f"python {info['python']} | data: {_shown(data_source()) or 'torchvision CIFAR-10'}")
     return {"lesson": lesson, "size": size.name, **info}

@@ -6,19 +6,13 @@ goes through: each write is atomic (config.write_atomically) and creates its fol
 from __future__ import annotations
 
 import json
-import re
 import sys
 import time
 from pathlib import Path
 
 from . import config, hardware
-from .config import write_atomically
+from .config import file_name, write_atomically  # noqa: F401  (file_name: results.file_name for callers)
 from .errors import CourseError
-
-
-def file_name(text: str) -> str:
-    """`text` (a GPU's name, say) as a file name: runs of anything but letters, digits, '.', '-', '_' become '_'."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text.strip())
 
 
 def write_text(path: str | Path, text: str) -> Path:

@@ -6,6 +6,7 @@ that reads the hardware around the seam (CPU flags or CUDA's capability on its o
 does not follow the class."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -141,3 +142,71 @@ def test_each_cpu_class_is_its_own_class(cls):
     """Each class's flags map back to it, and it runs its own instruction sets (so own_class is not stuck on one)."""
     flags = hardware.CLASSES[cls].flags
     assert machines.own_class(flags) == cls and cls in machines.runnable_classes(flags)
+
+
+FULL_LESSONS = sorted(config.LESSON_BUDGET_S)
+
+
+def test_the_budgets_fit_make_course():
+    """The lessons' budgets sum to less than make course's, leaving room for the fixed costs the rule does not scale,
+    and every lesson of the course has one (a new lesson without a budget fails here)."""
+    assert sum(config.LESSON_BUDGET_S.values()) <= 0.9 * config.COURSE_BUDGET_S
+    assert FULL_LESSONS == sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "notebooks").glob("0*.ipynb"))
+
+
+@pytest.mark.parametrize("cls", hardware.CPU_CLASSES)
+@pytest.mark.parametrize("speed", [0.25, 1.0, 3.0])  # this CPU's fp32 rate over the reference run's
+def test_full_size_fits_the_budget_under_every_cpu_class(monkeypatch, hardware_class, cls, speed):
+    """On every CPU class and speed, each lesson's full size is predicted within its budget (or is already at the
+    smoke size's floor), never grows past the listed size, and keeps the repeats and epochs its verdicts need."""
+    hardware_class(cls)
+    native = hardware.cpu_bf16_native()
+    ref_gflops, ref_s = config.REFERENCE_RUNS[native]
+    monkeypatch.setattr(config, "cpu_gflops", lambda: ref_gflops * speed)
+    for lesson in FULL_LESSONS:
+        fitted, listed = config.budget(lesson), config.run_size(lesson, size="full", fit=False)
+        size = config.run_size(lesson, size="full")
+        assert fitted.predicted_s == pytest.approx(ref_s[lesson] / speed)
+        floor = config.run_size(lesson, size="smoke")  # the lesson's smoke size: the least a full run keeps
+        images = [s.train_subset or config.TRAIN_IMAGES for s in (size, listed, floor)]
+        steps = [size.bench_steps, listed.bench_steps, floor.bench_steps]
+        for now, full, least in (images, steps):
+            assert min(full, least) <= now <= full, lesson
+            assert now <= max(least, round(fitted.fraction * full)) + 1, lesson  # shrunk as the rule says
+        share = max(images[0] / images[1], steps[0] / steps[1])  # of the listed work, by the larger knob
+        assert fitted.predicted_s * share <= 1.05 * fitted.budget_s or images[0] == images[2] or steps[0] == steps[2]
+        assert (size.repeats, size.epochs, size.eval_subset) == (listed.repeats, listed.epochs, listed.eval_subset)
+        assert (size == listed) is (fitted.fraction == 1.0)
+        assert f"time budget {fitted.budget_s} s" in fitted.line() and "GFLOP/s" in fitted.line()
+
+
+@pytest.mark.parametrize("cls", hardware.GPU_CLASSES)
+def test_a_gpu_runs_the_listed_full_size(monkeypatch, hardware_class, cls):
+    hardware_class(cls)
+    monkeypatch.setattr(config, "cpu_gflops", lambda: 1.0)  # a very slow CPU: it must not matter on a GPU
+    assert all(config.budget(lesson) is None for lesson in FULL_LESSONS)
+    assert config.run_size("08_capstone", size="full") == config.run_size("08_capstone", gpu=True, size="full")
+
+
+def test_without_saved_ceilings_the_listed_size_and_says_so(monkeypatch, hardware_class):
+    hardware_class("cpu-avx2")
+    monkeypatch.setattr(config, "cpu_gflops", lambda: None)
+    fitted = config.budget("03_gpu_and_data")
+    assert fitted.fraction == 1 and "no full-size ceilings" in fitted.line()
+    assert config.run_size("03_gpu_and_data", size="full") == config.run_size("03_gpu_and_data", size="full",
+                                                                              fit=False)
+
+
+def test_cpu_gflops_reads_only_a_full_size_figure_of_this_setting(monkeypatch, tmp_path):
+    """lesson 00's saved fp32 rate sizes the runs only where it was measured at full size, with this thread count and
+    torch: a smoke run's figure (the tests' own, at one thread) would shrink the course for nothing."""
+    monkeypatch.setenv(config.BUILD_ENV, str(tmp_path))
+    assert config.cpu_gflops() is None
+    target = config.ceilings_file("cpu")
+    target.parent.mkdir(parents=True)
+    saved = {"size": "full", "threads": torch.get_num_threads(), "torch": torch.__version__,
+             "rows": {"matmul fp32": {"values": [1e11, 2e11, 3e11]}}}
+    target.write_text(json.dumps(saved))
+    assert config.cpu_gflops() == pytest.approx(200.0)
+    target.write_text(json.dumps({**saved, "size": "smoke"}))
+    assert config.cpu_gflops() is None
