@@ -75,12 +75,14 @@ def landing_page(lessons: list[str], solutions: list[str]) -> str:
 
 
 def add_links(notebook: dict, stem: str, has_solution: bool) -> None:
-    """Put one line under a lesson's title: open in Colab, its reference solution, the notebook on GitHub."""
+    """Put one line under a lesson's title: open in Colab, its reference solution, the notebook on GitHub, the
+    glossary."""
     path = f"notebooks/{stem}.ipynb"
     links = [f"[Open in Colab]({colab_url(path)})"]
     if has_solution:
         links.append(f"[Reference solution](solutions/{stem}.md)")
     links.append(f"[Notebook on GitHub]({repository_url()}/blob/{BRANCH}/{path})")
+    links.append("[Glossary](../docs/glossary.md)")  # the course's own words, each also linked at its first use
     first = notebook["cells"][0]
     lines = "".join(first["source"]).split("\n")
     if first["cell_type"] != "markdown" or not lines[0].startswith("# "):

@@ -104,3 +104,67 @@ def test_nbval_markers_are_tags_not_comments(path):
     found = [f"cell {i}" for i, cell in enumerate(json.loads(path.read_text())["cells"])
              if cell["cell_type"] == "code" and re.search(r"^\s*#\s*NBVAL_", "".join(cell["source"]), re.M)]
     assert not found, "move the # NBVAL_ comment to the cell's metadata tags: " + ", ".join(found)
+
+
+GLOSSARY = Path(__file__).resolve().parents[1] / "docs" / "glossary.md"
+GLOSSARY_LINK = "../docs/glossary.md#"  # from notebooks/NN.ipynb, on GitHub and on the website alike
+# the course's own words and the terms used before they are explained: glossary anchor -> how a lesson writes it
+GLOSSARY_TERMS = {
+    "rung": re.compile(r"\brungs?\b", re.I), "ladder": re.compile(r"\bladder\b", re.I),
+    "twin": re.compile(r"\btwins?\b", re.I), "quiet-trainer": re.compile(r"quiet Trainer", re.I),
+    "precision-policy": re.compile(r"\bpolic(?:y|ies)\b", re.I), "noisy": re.compile(r"\bNOISY\b"),
+    "ns_band": re.compile(r"NS_BAND|Newton.Schulz band", re.I), "seed-loop": re.compile(r"seed loops?", re.I),
+    "roofline": re.compile(r"roofline", re.I), "data_wait": re.compile(r"data_wait"),
+    "tensor-cores": re.compile(r"tensor.cores?", re.I), "pt2e": re.compile(r"PT2E"),
+    "optimiser-closure": re.compile(r"\bclosures?\b", re.I), "sign-test": re.compile(r"sign test", re.I),
+    "rank-sum-test": re.compile(r"rank-sum", re.I), "students-t": re.compile(r"Student's t\b"),
+    "mcnemars-test": re.compile(r"McNemar"),
+}
+LINK = re.compile(r"\[([^\]]*)\]\(([^)\s]*)\)")
+
+
+def slug(heading: str) -> str:
+    """MyST's anchor for a heading (myst_heading_anchors in docs/site/conf.py): lower case, punctuation other than
+    '-' and '_' dropped, spaces as '-'."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def unlinked_first_uses(cells: list[tuple[int, str]]) -> list[str]:
+    """For each glossary term a lesson uses, its first use outside a heading: fine when it sits inside a link to its
+    glossary entry, else listed ('cell i: term')."""
+    found = []
+    for anchor, pattern in GLOSSARY_TERMS.items():
+        for i, src in cells:
+            body = "\n".join("" if line.lstrip().startswith("#") else line for line in src.split("\n"))
+            m = pattern.search(body)
+            if m is None:
+                continue
+            linked = any(link.start() <= m.start() < link.end() and link.group(2) == GLOSSARY_LINK + anchor
+                         for link in LINK.finditer(body))
+            if not linked:
+                found.append(f"cell {i}: {m.group(0)!r} (link it to {GLOSSARY_LINK}{anchor})")
+            break
+    return found
+
+
+def test_glossary_lookup_finds_an_unlinked_term():
+    """The check itself: an unlinked first use is listed; a linked one, or a later unlinked use, is not."""
+    cells = [(0, "# The twin\nWe race a [twin](../docs/glossary.md#twin)."), (1, "The twin again; the roofline.")]
+    assert unlinked_first_uses(cells) == ["cell 1: 'roofline' (link it to ../docs/glossary.md#roofline)"]
+
+
+def test_the_glossary_defines_every_term():
+    """docs/glossary.md (published on the website) has a heading for every term the lessons must link."""
+    anchors = {slug(line.lstrip("#")) for line in GLOSSARY.read_text().splitlines() if line.startswith("## ")}
+    assert set(GLOSSARY_TERMS) <= anchors, sorted(set(GLOSSARY_TERMS) - anchors)
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=[p.stem for p in LESSONS])
+def test_in_house_words_are_linked_to_the_glossary_at_first_use(path):
+    """A lesson's first use of each glossary term (outside headings) links its entry on the glossary page, and no
+    lesson calls the blog posts 'articles'."""
+    cells = markdown_cells(path)
+    found = unlinked_first_uses(cells)
+    found += [f"cell {i}: {m.group(0)!r} (say 'blog post')" for i, src in cells
+              for m in re.finditer(r"\barticles?\b", src, re.I)]
+    assert not found, "\n".join(found)

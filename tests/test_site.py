@@ -246,6 +246,7 @@ def test_the_site_holds_every_lesson_solution_and_results_page(site):
     expected = {"index.html", "search.html"} | {f"notebooks/{stem}.html" for stem in LESSONS}
     expected |= {f"notebooks/solutions/{p.stem}.html" for p in (REPO / "notebooks" / "solutions").glob("*.py")}
     expected |= {f"docs/results/{p.stem}.html" for p in (REPO / "docs" / "results").glob("*.md")}
+    expected |= {"docs/glossary.html"}
     assert expected <= {str(p.relative_to(site)) for p in site.rglob("*.html")}
 
 
@@ -295,6 +296,23 @@ def test_each_lesson_opens_itself_in_colab_and_links_its_solution(crawl):
             assert f"{base}notebooks/solutions/{stem}.html" in links, stem
         if number + 1 < len(LESSONS):
             assert results[f"notebooks/{stem}.html"]["next"] == f"{base}notebooks/{LESSONS[number + 1]}.html"
+
+
+def test_each_lesson_links_the_glossary_at_its_terms(crawl):
+    """Every lesson links the glossary page under its title, and at the entry of each term its markdown links
+    (tests/test_lesson_text.py checks that each term's first use is linked), each entry an anchor on that page."""
+    base, results = crawl
+    glossary = f"{base}docs/glossary.html"
+    ids = set(results["docs/glossary.html"]["ids"])
+    for stem in LESSONS:
+        cells = json.loads((REPO / "notebooks" / f"{stem}.ipynb").read_text())["cells"]
+        linked = set(re.findall(r"\]\(\.\./docs/glossary\.md#([\w-]+)\)",
+                                "".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")))
+        anchors = {urldefrag(link)[1] for link in results[f"notebooks/{stem}.html"]["links"]
+                   if urldefrag(link)[0] == glossary}
+        assert "" in anchors, f"{stem}: no link to the glossary"
+        # one anchor on the page per linked term (Sphinx writes "McNemar's test" as mcnemar-s-test, not the slug)
+        assert len(anchors - {""}) == len(linked) and anchors <= ids | {""}, (stem, linked, anchors - ids)
 
 
 def test_search_finds_a_lesson_offline(crawl):

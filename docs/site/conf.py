@@ -19,6 +19,8 @@ copyright = f"{author} ({PYPROJECT['project']['license']} license)"
 extensions = ["myst_nb"]
 nb_execution_mode = "off"  # the committed outputs are the lesson's record; the site never re-runs a cell
 exclude_patterns = ["**/.ipynb_checkpoints"]
+# Links to a heading of another page (the lessons' links to docs/glossary.md#roofline) resolve to its anchor
+myst_heading_anchors = 2
 # ```python fences in the pages highlight as Python; Sphinx's default would guess per block
 highlight_language = "python3"
 
