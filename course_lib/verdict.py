@@ -1,10 +1,8 @@
 """Verdicts in words from measured figures: faster, slower or no difference, called by a rule whose false-positive
 rate is known (at most ALPHA = 5 %), a measured figure against a target (met or missed: the one rule, against()),
-spreads and plain numbers, so a lesson's conclusion is printed from its run.
-
-Each verdict is one short line (a Verdict: a str of at most about 100 characters for the lessons' names) in one
-wording of how sure: "compiled: 1.71x faster than eager (sure: 6 of 6 rounds)", "A vs B: no difference (median
-1.02x slower, 6 rounds)". Its `.detail` names the test, the interval and the counts; FOOTNOTE explains the rule once.
+spreads and plain numbers, so a lesson's conclusion is printed from its run. Each verdict is one short Verdict
+line in one wording of how sure ("compiled: 1.71x faster than eager (sure: 6 of 6 rounds)"); its `.detail` names
+the test, the interval and the counts, and FOOTNOTE explains the rule once.
 
 The rule. A difference is called only when (1) the exact interval of the ratio (or difference) excludes "no change":
 the sign test over paired rounds, the rank-sum test over unpaired runs, Student's t for means (course_lib.significance,
@@ -41,12 +39,8 @@ FOOTNOTE = (
 
 
 class Verdict(str):
-    """A verdict line (the str itself: short, printed as is) with the evidence behind it: `detail`, the test, its
-    interval and counts in one line; `called`, +1 (a better), -1 (b better), 0 (no (practical) difference) or None
-    (too few rounds)."""
-
-    detail: str
-    called: int | None
+    """A short verdict line (the str) with `detail`, its test, interval and counts, and `called`: +1 (a better), -1
+    (b better), 0 (no (practical) difference) or None (too few rounds)."""
 
     def __new__(cls, line: str, detail: str, called: int | None) -> "Verdict":
         self = super().__new__(cls, line)
@@ -149,22 +143,17 @@ def direction(a: Sequence[float], b: Sequence[float], *, higher_is_better: bool 
                    medians_ratio(a, b, higher_is_better=higher_is_better))
 
 
-def _agreeing(a: Sequence[float], b: Sequence[float], higher_is_better: bool, paired: bool,
-              sign: int) -> tuple[int, int]:
-    """(how many rounds, or pairs of runs, point the way `sign` says: a better for +1, b better for -1; how many in
-    all): the counts behind 'sure: 6 of 6 rounds'."""
-    pairs = list(zip(a, b)) if paired else [(x, y) for x in a for y in b]
-    better = [(x > y) if higher_is_better else (x < y) for x, y in pairs]
-    worse = [(x < y) if higher_is_better else (x > y) for x, y in pairs]
-    return sum(better if sign > 0 else worse), len(pairs)
+def _agreeing(a: Sequence[float], b: Sequence[float], higher_is_better: bool, paired: bool, sign: int) -> tuple:
+    """(rounds, or pairs of runs, with a better for sign +1 or b for -1; all of them): 'sure: 6 of 6 rounds'."""
+    pairs, up = (list(zip(a, b)) if paired else [(x, y) for x in a for y in b]), 1 if higher_is_better else -1
+    return sum((x - y) * up * sign > 0 for x, y in pairs), len(pairs)
 
 
 def compare(a: Sequence[float], b: Sequence[float], name_a: str, name_b: str, *, higher_is_better: bool = True,
             paired: bool = False, better: str = "faster", worse: str = "slower",
             smallest: float = MIN_EFFECT) -> Verdict:
     """'A: 1.72x faster than B (sure: 6 of 6 rounds)', 'A vs B: no difference (median 1.02x slower, 6 rounds)',
-    'A vs B: no practical difference (...)' or 'A vs B: too few rounds to judge (...)'; .detail gives the test, its
-    interval and counts.
+    'A vs B: no practical difference (...)' or 'A vs B: too few rounds to judge (...)', with its .detail.
 
     a, b: repeated measurements of one figure (images/s when higher_is_better, seconds otherwise). paired: the
     i-th values were measured in the same interleaved round (the sign test; 6 rounds or more), else independent
@@ -288,8 +277,8 @@ def paired_accuracy(correct_a: Sequence[bool], correct_b: Sequence[bool], name_a
     fair coin would split them this unevenly less than 5 % of the time (significance.mcnemar_band); else no
     difference. .detail gives the accuracies, the band and the counts.
 
-    This is the test set's sampling noise for these two trained models; a retrained model moves further (repeated
-    seeds measure that), so the detail says it is one training run each."""
+    The test set's sampling noise for these two trained models: a retrained model moves further (repeated seeds
+    measure that), so the detail says one training run each."""
     if len(correct_a) != len(correct_b) or not correct_a:
         raise ValueError("A paired accuracy verdict needs per-image results on the same, non-empty test set.")
     n = len(correct_a)
