@@ -70,6 +70,13 @@ class Job:
         torch.set_num_threads(threads)
         dist.init_process_group("gloo", init_method=f"file://{self.store}", rank=rank, world_size=self.world)
 
+    @staticmethod
+    def leave() -> None:
+        """Wait for every rank before tearing the group down: a rank that closes its gloo connections while a peer
+        still reads them (rank 0 saving its result, on a busy machine) can abort that peer from gloo's own thread
+        ("terminate called without an active exception")."""
+        dist.barrier()
+
     def share(self, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's slice of every batch: (steps, batch / world, ...) inputs and labels."""
         xs, ys = toy_data(self.steps, self.batch, self.model, self.seed)
@@ -84,6 +91,7 @@ def _ddp_worker(rank: int, job: Job, bucket_cap_mb: float) -> None:
         train_steps(net, *job.share(rank))
         if rank == 0:
             torch.save({"state": net.module.state_dict(), "ddp": internals.ddp_logging_data(net)}, job.out)
+        job.leave()
     finally:
         dist.destroy_process_group()
 
@@ -177,6 +185,7 @@ def _allreduce_worker(rank: int, job: Job, averages: dict, rounds: int) -> None:
                 result["state"][name] = net.state_dict()
         if rank == 0:
             torch.save(result, job.out)
+        job.leave()
     finally:
         dist.all_reduce = real
         dist.destroy_process_group()

@@ -62,9 +62,9 @@ def pytest_configure(config):
 # the tests that train (Trainer.fit), start a Python process (subprocess, spawned workers, torchrun) or take seconds
 # for another reason. SlowGuard fails a fast-tier test that trains or starts a Python process, naming this list.
 SLOW = tuple(f"tests/{path}" for path in [  # whole files
-    "test_classes.py", "test_cli_robust.py", "test_exercises.py", "test_gpu_fork_rule.py", "test_gpu_fp16.py",
-    "test_gpu_ondevice.py", "test_gpu_syncs.py", "test_gpu_tf32.py", "test_repro.py", "test_resume.py",
-    "test_site.py",
+    "test_classes.py", "test_cli_output.py", "test_cli_robust.py", "test_exercises.py", "test_gpu_fork_rule.py",
+    "test_gpu_fp16.py", "test_gpu_ondevice.py", "test_gpu_syncs.py", "test_gpu_tf32.py", "test_repro.py",
+    "test_resume.py", "test_site.py",
 ]) + tuple(f"tests/{path}::{name}" for path, names in {  # tests, by name or name prefix
     "test_capstone.py": ["test_dry_run_writes_every_part_with_parsable_figures",
                          "test_make_data_packs_the_jpegs_and_carries_the_airbench_package"],
@@ -74,7 +74,7 @@ SLOW = tuple(f"tests/{path}" for path in [  # whole files
     "test_compress.py": ["test_pruning_callback", "test_ptq_", "test_qat_trains", "test_reloaded_int8"],
     "test_data.py": ["test_full_folder_cached_in_repo_data"],
     "test_ddp.py": ["test_ddp_matches_one_process", "test_script_path_lightning", "test_torchrun_cli_ddp",
-                    "test_two_nodes_on_localhost"],
+                    "test_two_nodes_on_localhost", "test_workers_survive_busy_cores"],
     "test_exercise_checks.py": ["test_01_", "test_02_", "test_03_", "test_07_", "test_08_"],
     "test_fidelity.py": ["test_training_matches_airbench_step_for_step"],
     "test_internals.py": ["test_epoch_batch_progress_", "test_profiled_fetch_and_step_s_"],

@@ -53,6 +53,30 @@ def test_ddp_matches_one_process_on_the_combined_batch(world):
     assert max_diff(part.state_dict(), one) > 1e-3
 
 
+@pytest.fixture
+def busy_cores():
+    """Every core busy with another process for the test's length, as when other jobs share a 2-core machine."""
+    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    yield
+    for proc in spin:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("rounds", [1])
+def test_workers_survive_busy_cores(busy_cores, rounds):
+    """Lesson 06's spawned gloo workers, DDP and the hand-written all-reduce, repeated on cores that other processes
+    keep busy: each run finishes with the one-process weights (a loaded machine is slower, never fatal). Each rank
+    waits for the others before its teardown (parallel.Job.leave)."""
+    steps, batch = 3, 16
+    xs, ys = parallel.toy_data(steps, batch, seed=0)
+    one = parallel.train_steps(parallel.toy_model(seed=0), xs, ys).state_dict()
+    for _ in range(rounds):
+        assert max_diff(parallel.ddp_train(world=2, steps=steps, batch=batch, seed=0)["state"], one) < 1e-6
+        out = parallel.allreduce_train({"plain": parallel.average_per_tensor}, world=2, steps=steps, batch=batch)
+        assert max_diff(out["state"]["plain"], one) < 1e-6
+
+
 def test_course_sampler_under_ddp_gives_each_epoch_a_new_partition_and_repeats_it_on_restart():
     """Lightning wraps the DataModule's EpochSampler for DDP (DistributedSamplerWrapper, which forwards set_epoch):
     every rank draws the same (seed, epoch) order, so the ranks' shards partition the data; the next epoch brings a
