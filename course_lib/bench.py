@@ -134,8 +134,11 @@ SHARED = ["steps", "batch_size", "precision", "device", "repeats"]  # settings n
 
 
 def _cell(row: dict, col: str) -> str:
-    """One table cell: floats as plain numbers, images/s with its slowest-fastest range when the row has one."""
+    """One table cell: floats as plain numbers, images/s with its slowest-fastest range when the row has one,
+    data_wait as a percentage."""
     fmt = lambda v: verdict.number(v) if isinstance(v, float) else str(v)  # noqa: E731  (7,770, not 7.77e+03)
+    if col == "data_wait" and isinstance(row.get(col), float):  # a share of the time, as the lessons write it
+        return f"{100 * row[col]:.0f} %"
     if col == "images_per_s" and "images_per_s_min" in row:
         return f"{fmt(row[col])} ({fmt(row['images_per_s_min'])}–{fmt(row['images_per_s_max'])})"
     if col == "speedup":  # the verdict's word: '1.77x slower' (k >= 1) only where it calls a difference

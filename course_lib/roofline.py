@@ -124,17 +124,22 @@ def step_model(counts: Counts, ceil: ceilings.Ceilings, fmt: str = "fp32") -> di
             "kind": max(share, key=share.get)}
 
 
+def ops(n: int) -> str:
+    """'1 op', '50 ops'."""
+    return f"{n:,} op{'s' * (n != 1)}"
+
+
 def explain(name: str, counts: Counts, ceil: ceilings.Ceilings, measured: list[float], fmt: str = "fp32") -> str:
     """A printed verdict: what the step does, the bound it hits, the time that predicts and the measured time."""
     m = step_model(counts, ceil, fmt)
     med = statistics.median(measured)
     shares = ", ".join(f"{m['share'][k]:.0%} {k}" for k in KINDS)
-    spread = (f"{verdict.number(min(measured) * 1e3)}-{verdict.number(max(measured) * 1e3)} ms, {len(measured)} runs"
+    spread = (f"{timing.duration(min(measured))}-{timing.duration(max(measured))}, {len(measured)} runs"
               if len(measured) > 1 else "a single run, no spread")
     return (f"{name}: {verdict.number(counts.flops / 1e9)} GFLOP, {verdict.number(counts.bytes / 2**20)} MiB moved, "
-            f"{counts.n_ops} ops, {verdict.number(counts.intensity)} FLOP/byte. Against {ceil.hardware}'s {fmt} "
+            f"{ops(counts.n_ops)}, {verdict.number(counts.intensity)} FLOP/byte. Against {ceil.hardware}'s {fmt} "
             f"ceilings it is {m['kind']}-bound (predicted time by bound: {shares}); the model predicts "
-            f"{verdict.number(m['predicted'] * 1e3)} ms, measured {verdict.number(med * 1e3)} ms (median; "
+            f"{timing.duration(m['predicted'])}, measured {timing.duration(med)} (median; "
             f"{spread}): {verdict.number(med / m['predicted'])}x the prediction")
 
 
@@ -211,8 +216,8 @@ def grade_prediction(cases: dict[str, tuple[float, float]], factor: float = PRED
         ratio = pred / meas if ok else float("nan")
         within = ok and 1 / factor <= ratio <= factor
         passed &= within
-        shown = f"{verdict.number(pred * 1e3)} ms" if ok else repr(pred)
-        print(f"{name}, {op}: predicted {shown}, measured {verdict.number(meas * 1e3)} ms"
+        shown = timing.duration(pred) if ok else repr(pred)
+        print(f"{name}, {op}: predicted {shown}, measured {timing.duration(meas)}"
               + (f" ({verdict.number(ratio)}x)" if ok else " (not a positive number of seconds)")
               + (" ok" if within else f" outside {factor:g}x"))
     print(f"{name}: {'passed' if passed else 'not yet'} (every prediction within {factor:g}x of the measured time)")
@@ -242,9 +247,9 @@ def check_prediction(predict: Callable, ceil: ceilings.Ceilings, factor: float =
     for op, fn in prediction_cases(ceil.device).items():
         c = count(fn)
         b = bound(c.flops, c.bytes, c.n_ops, rate=ceil.rate(), bandwidth=ceil.bandwidth, per_op=ceil.per_op)
-        alone = ", ".join(f"{k} alone {verdict.number(s * 1e3)} ms" for k, s in b.seconds.items())
+        alone = ", ".join(f"{k} alone {timing.duration(s)}" for k, s in b.seconds.items())
         runner_up = sorted(b.seconds.values())[-2]
-        print(f"  {op}: {c.flops:,} FLOP, {c.bytes:,} bytes, {c.n_ops} ops; {alone}: the {b.kind} ceiling's time "
+        print(f"  {op}: {c.flops:,} FLOP, {c.bytes:,} bytes, {ops(c.n_ops)}; {alone}: the {b.kind} ceiling's time "
               f"is {verdict.number(b.predicted / runner_up)}x the next one's")
         measured = statistics.median(timing.time_calls(fn, min_run_time=ceilings.SECONDS[ceil.size]))
         cases[op] = (predict(c.flops, c.bytes, c.n_ops, ceil), measured)

@@ -4,7 +4,8 @@
   the device synchronized at both ends (`sync`); lessons 01, 03 and 05 write that loop out, since they teach it;
 - training steps and epochs inside a fit: `BenchCallback` (step, data wait, warm-up, memory) and `EpochTimer`, on
   `DeviceTimer` marks (CUDA events on a GPU, one synchronize per measured window, not one per step);
-- one call, repeated: `time_calls`, torch.utils.benchmark.Timer's adaptive blocks."""
+- one call, repeated: `time_calls`, torch.utils.benchmark.Timer's adaptive blocks;
+- what they measure, in human units: `duration` (ns, µs, ms or s) and `flop_rate` (MFLOP/s, GFLOP/s or TFLOP/s)."""
 from __future__ import annotations
 
 import math
@@ -18,6 +19,33 @@ import torch
 from lightning.fabric.utilities.throughput import Throughput
 
 MAX_RUN_TIME = 10.0  # seconds: time_calls stops here even before four blocks (a call slower than 2.5 s)
+
+
+def _three(value: float) -> str:
+    """Three significant figures in plain digits (427, 30.6, 1.14), never e-notation."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    decimals = max(0, 2 - math.floor(math.log10(abs(value))))
+    return f"{round(value, decimals):,.{decimals}f}"
+
+
+def duration(seconds: float) -> str:
+    """A time in the unit that reads best: 1.14e-08 -> '11.4 ns', 0.000427 -> '427 µs', 0.0306 -> '30.6 ms', 8.03 ->
+    '8.03 s'; never e-notation."""
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")):
+        if abs(seconds) >= scale or unit == "ns" or seconds == 0:
+            return f"{_three(seconds / scale)} {unit}"
+    raise AssertionError("unreachable")
+
+
+def flop_rate(flop_per_s: float) -> str:
+    """A FLOP rate in the unit that reads best: 7.02e10 -> '70.2 GFLOP/s', 1.35e12 -> '1.35 TFLOP/s'."""
+    if flop_per_s == 0:
+        return "0 GFLOP/s"
+    for scale, unit in ((1e12, "TFLOP/s"), (1e9, "GFLOP/s"), (1e6, "MFLOP/s")):
+        if abs(flop_per_s) >= scale or unit == "MFLOP/s":
+            return f"{_three(flop_per_s / scale)} {unit}"
+    raise AssertionError("unreachable")
 
 
 def sync(device: torch.device | str) -> None:

@@ -136,6 +136,18 @@ def test_number_is_plain():
     assert verdict.number(2.24e-08) == "2.24e-08"  # a rounding error stays readable
 
 
+def test_times_rates_and_counts_read_in_human_units():
+    """Times in ns, µs, ms or s and FLOP rates in MFLOP/s, GFLOP/s or TFLOP/s, never e-notation; '1 op'; a bench
+    table's data_wait as a percentage, as the lessons write it."""
+    from course_lib import bench, roofline, timing
+
+    assert [timing.duration(s) for s in (1.14e-08, 4.27e-4, 0.0306, 8.03)] == ["11.4 ns", "427 µs", "30.6 ms", "8.03 s"]
+    assert timing.flop_rate(7.02e10) == "70.2 GFLOP/s" and timing.flop_rate(1.35e12) == "1.35 TFLOP/s"
+    assert "e" not in timing.duration(1.14e-14) and roofline.ops(1) == "1 op" and roofline.ops(50) == "50 ops"
+    row = {"name": "a", "images_per_s": 1000.0, "data_wait": 0.156}
+    assert "| a | 1,000 | 16 % |" in bench.table([row], ["name", "images_per_s", "data_wait"])
+
+
 def test_spread_reports_one_run_as_such():
     """The seed-loop summary: mean ± std (min–max, n runs), and '(1 run)' alone."""
     assert verdict.spread([1.0, 2.0, 3.0]) == "2.00 ± 1.00 (1.00–3.00, 3 runs)"
