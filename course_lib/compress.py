@@ -24,7 +24,7 @@ from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
     get_default_x86_inductor_quantization_config,
 )
 
-from . import hardware, internals
+from . import hardware, internals, verdict
 from .metrics import top1_accuracy
 from .timing import time_calls
 
@@ -54,6 +54,15 @@ def int8_reduce_range() -> bool:
     """The int8 backend's choice for this CPU: 7-bit activations (0..127) where it lacks one-instruction int8 dot
     products (hardware.cpu_int8_native), full-range uint8 where it has VNNI or AMX."""
     return not hardware.cpu_int8_native()
+
+
+def int8_speed_line(ratio: float, baseline: str) -> str:
+    """One short line on the measured int8 latency `ratio` (baseline's time over int8's), its why chosen by this CPU's
+    int8 unit and by the measurement itself, so it holds on every CPU class: never 'barely wins' beside a win."""
+    unit = "VNNI/AMX here" if hardware.cpu_int8_native() else "no VNNI/AMX here"
+    why = ("a quarter of the weight bytes" if ratio >= 1 + verdict.MIN_EFFECT else
+           "the int8 conversions cost more than they saved" if ratio <= 1 / (1 + verdict.MIN_EFFECT) else "within 5 %")
+    return f"compiled int8: {verdict.factor(ratio)} than {baseline} ({unit}; {why})"
 
 
 def x86_quantizer(is_qat: bool = False, reduce_range: bool | None = None) -> X86InductorQuantizer:

@@ -210,3 +210,30 @@ def test_cpu_gflops_reads_only_a_full_size_figure_of_this_setting(monkeypatch, t
     assert config.cpu_gflops() == pytest.approx(200.0)
     target.write_text(json.dumps({**saved, "size": "smoke"}))
     assert config.cpu_gflops() is None
+
+
+WORDS = {"faster": lambda r: r > 1, "slower": lambda r: r < 1}
+
+
+@pytest.mark.parametrize("cls", hardware.CPU_CLASSES)
+@pytest.mark.parametrize("ratio", [0.6, 0.98, 1.02, 1.3, 1.87, 4.0])
+def test_printed_int8_sentence_holds_on_every_class(hardware_class, cls, ratio):
+    """Lesson 07's hardware-dependent sentence, rendered under every CPU class for measured ratios on both sides of
+    1: its direction is the measurement's, the unit it names is the class's, and a win is never 'barely' one."""
+    spec = hardware_class(cls)
+    line = compress.int8_speed_line(ratio, "compiled fp32")
+    said = [word for word in WORDS if f"x {word} than" in line]
+    assert len(said) == 1 and WORDS[said[0]](ratio) or ratio == 1, line
+    assert ("(VNNI/AMX here" in line) is bool(spec.flags & set(hardware.CPU_INT8_FLAGS)), line
+    assert "barely" not in line and len(line) <= 120
+    assert ("cost more than" in line) is (ratio < 1 / 1.05) and ("weight bytes" in line) is (ratio > 1.05)
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_printed_newton_schulz_sentence_holds_on_every_class(hardware_class, cls):
+    """The capstone's Newton-Schulz line names the dtype the policy chose and a reason true on the class."""
+    hardware_class(cls)
+    dtype = muon.iteration_dtype(device())
+    line = muon.describe(dtype)
+    native = hardware.facts()["bf16_native"] if hardware.has_gpu() else hardware.cpu_bf16_native()
+    assert ("bfloat16" in line) is native and ("no native bf16" in line) is (not native)
