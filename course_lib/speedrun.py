@@ -55,6 +55,9 @@ class Recipe:
     filter_lr: float = 0.0  # Muon's step size; not scaled with the batch
     filter_momentum: float = 0.0
     head: str = "fixed"  # "fixed": logits x 1/9 (airbench94); "width": head weights of std 1, logits / widths[-1]
+    #: the whitening bias's start: "zero" (airbench94's Conv zeroes it) or "uniform" (airbench94_muon's plain
+    #: nn.Conv2d keeps PyTorch's draw, U(-1/sqrt(12), 1/sqrt(12)) for its 12 inputs, which the whitening leaves alone)
+    whiten_bias: str = "zero"
 
     def __post_init__(self):
         object.__setattr__(self, "widths", tuple(self.widths))  # a list from a checkpoint or YAML
@@ -62,6 +65,9 @@ class Recipe:
                                                               ("muon", "linear", "width")}:
             raise ValueError(f"optimizer, schedule, head: airbench94's sgd, triangle, fixed or airbench94_muon's muon, "
                              f"linear, width (MUON); got {self.optimizer}, {self.schedule}, {self.head}.")
+        if self.whiten_bias not in ("zero", "uniform"):
+            raise ValueError(f"whiten_bias: 'zero' (airbench94) or 'uniform' (airbench94_muon), got "
+                             f"{self.whiten_bias!r}.")
         if (not 0 <= self.label_smoothing < 1 or min(self.lookahead_every, self.whiten_bias_epochs) < 0
                 or self.tta_level not in (0, 1, 2) or self.batch_size < 1):
             raise ValueError(f"Need 0 <= label_smoothing < 1, lookahead_every >= 0 (0 = off), whiten_bias_epochs >= 0, "
@@ -77,15 +83,22 @@ torch.serialization.add_safe_globals([Recipe])
 #: summed-loss LRs x 1024 are mean-loss LRs per batch of 1024 (the same update): head 0.67, biases 0.053, decay 2e-6
 MUON = Recipe(batch_size=2000, epochs=8, optimizer="muon", schedule="linear", head="width", lr=0.67 * 1024,
               bias_scale=0.053 / 0.67, momentum=0.85, weight_decay=2e-6 * 1024, filter_lr=0.24, filter_momentum=0.6,
-              warmup=0.0, lookahead_every=0, label_smoothing=0.2, whiten_bias_epochs=3, tta_level=2)
+              warmup=0.0, lookahead_every=0, label_smoothing=0.2, whiten_bias_epochs=3, tta_level=2,
+              whiten_bias="uniform")
 
 
 def recipe_net(recipe: Recipe) -> AirNet:
-    """A fresh AirNet for the recipe: airbench94's head scale 1/9, or airbench94_muon's unit-std head over width."""
+    """A fresh AirNet for the recipe: airbench94's head scale 1/9, or airbench94_muon's unit-std head over width;
+    the whitening bias zero, or airbench94_muon's draw (recipe.whiten_bias), taken last so the other weights of a
+    seed are the same either way."""
     if recipe.head == "fixed":
-        return AirNet(recipe.widths)
-    net = AirNet(recipe.widths, scale=1 / recipe.widths[-1])
-    net.head.weight.data /= net.head.weight.data.std()  # unit-std head weights, as airbench94_muon's reset()
+        net = AirNet(recipe.widths)
+    else:
+        net = AirNet(recipe.widths, scale=1 / recipe.widths[-1])
+        net.head.weight.data /= net.head.weight.data.std()  # unit-std head weights, as airbench94_muon's reset()
+    if recipe.whiten_bias == "uniform":  # nn.Conv2d.reset_parameters' bias: U(+-1/sqrt(fan_in)), fan_in 3 x 2 x 2
+        bound = 1 / math.sqrt(net.whiten.weight[0].numel())
+        nn.init.uniform_(net.whiten.bias.data, -bound, bound)
     return net
 
 
@@ -103,9 +116,14 @@ def recipe_optimizer(net: nn.Module, recipe: Recipe, total_steps: int, steps_per
                                    bias_scale=recipe.bias_scale, warmup=recipe.warmup)
 
 
-def whiten_from(net: AirNet, images: torch.Tensor) -> None:
-    """Set net's whitening filters from uint8 training images (N, 3, 32, 32), the first WHITEN_IMAGES as airbench94."""
+@torch.no_grad()
+def whiten_from(net: AirNet, images: torch.Tensor, keep_bias: bool = False) -> None:
+    """Set net's whitening filters from uint8 training images (N, 3, 32, 32), the first WHITEN_IMAGES as airbench94;
+    the bias zero as airbench94, or kept (keep_bias: airbench94_muon sets the filters only)."""
+    bias = net.whiten.bias.detach().clone()
     init_whitening(net, to_float(images[:WHITEN_IMAGES]))
+    if keep_bias:
+        net.whiten.bias.copy_(bias)
 
 
 @torch.no_grad()
@@ -177,8 +195,9 @@ class SpeedrunModule(ClassifierSystem):
                 raise ValueError("SpeedrunModule sets its whitening layer from the training images before the first "
                                  "step, and these training batches have no .images: train on DeviceBatches (e.g. "
                                  "SpeedrunDataModule's train_dataloader()), or call speedrun.whiten_from(module.net, "
-                                 "<uint8 (N, 3, 32, 32) training images>) first.")
-            whiten_from(self.net, images)
+                                 "<uint8 (N, 3, 32, 32) training images>, keep_bias=module.recipe.whiten_bias == "
+                                 "'uniform') first.")
+            whiten_from(self.net, images, keep_bias=self.recipe.whiten_bias == "uniform")
         self.lookahead = Lookahead(self.net) if self.recipe.lookahead_every else None
         self.step_losses, self.total_steps = [], int(self.trainer.estimated_stepping_batches)
 
@@ -247,7 +266,7 @@ class Twin:
         scaler = torch.amp.GradScaler(device.type, enabled=precision == "16-mixed")
         net.train()
         if not bool(net.whitened):
-            whiten_from(net, batches.images)
+            whiten_from(net, batches.images, keep_bias=r.whiten_bias == "uniform")
         total = total_steps(epochs, len(batches))
         net.whiten.bias.requires_grad_(True)  # in the optimiser even if an earlier run froze it
         opt, sched = recipe_optimizer(net, r, total, len(batches))

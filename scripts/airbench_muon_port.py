@@ -121,10 +121,12 @@ def make_model(widths=HYP["widths"], device="cpu", dtype=torch.float32) -> Cifar
 
 
 def train(train_loader: Loader, test_loader: Loader, epochs: float = HYP["epochs"], widths=HYP["widths"],
-          dtype=torch.float32, ns_dtype=torch.float32, timer=None) -> dict:
+          dtype=torch.float32, ns_dtype=torch.float32, timer=None, init=None) -> dict:
     """airbench94_muon's main(): test accuracy with TTA (level 2) and without, the net, and the seconds of whitening
     + training + TTA as airbench counts them (timer: a course_lib DeviceTimer, else a host clock). The LRs are
-    airbench's own, per example of the summed loss: a smaller batch takes smaller steps, as airbench would."""
+    airbench's own, per example of the summed loss: a smaller batch takes smaller steps, as airbench would.
+    init(model): called after the whitening, before the first step (None in airbench; the stage check,
+    scripts/fidelity_muon_stages.py, loads the course's initial weights there to train both loops from one start)."""
     device = train_loader.images.device
     mark = timer.mark if timer else time.perf_counter
     seconds = timer.seconds if timer else (lambda a, b: b - a)
@@ -149,6 +151,8 @@ def train(train_loader: Loader, test_loader: Loader, epochs: float = HYP["epochs
     step, losses = 0, []
     start = mark()
     model.init_whiten(train_loader.normalize(train_loader.images[:5000]))
+    if init is not None:
+        init(model)
     for _ in range(math.ceil(total_train_steps / len(train_loader))):
         model.train()
         for inputs, labels in train_loader:

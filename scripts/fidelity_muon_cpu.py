@@ -4,6 +4,7 @@ CPU, at a reduced size, in fp32 (the Newton-Schulz iteration too: muon.iteration
 told the same).
 
     python scripts/fidelity_muon_cpu.py --impl course --seeds 0 1 2 3    # one configuration per call
+    python scripts/fidelity_muon_cpu.py --impl course --whiten-bias zero # the course before issue 46's fix
     python scripts/fidelity_muon_cpu.py --impl port --seeds 0 1 2 3
     python scripts/fidelity_muon_cpu.py --report                         # docs/results/fidelity-muon-cpu.md
 
@@ -35,12 +36,18 @@ from course_lib.timing import DeviceTimer  # noqa: E402
 
 
 def run_course(dm, args, seed: int) -> dict:
-    recipe = dataclasses.replace(speedrun.MUON, widths=tuple(args.widths), batch_size=args.batch)
+    recipe = course_recipe(args)
     module = speedrun.SpeedrunModule(recipe)
     run = experiments.run_seed(module, dm, seed=seed, epochs=args.epochs, precision="32-true")
     plain = speedrun.evaluate_tta(module.net, dm.test_set.images, dm.test_set.labels, level=0)
     return {"acc": run.acc, "acc_no_tta": plain, "time_s": run.total_s, "steps": run.steps,
             "final_loss": run.losses[-5:].mean().item()}
+
+
+def course_recipe(args) -> speedrun.Recipe:
+    """speedrun.MUON at the check's widths and batch; --whiten-bias zero: the course before issue 46's fix."""
+    extra = {"whiten_bias": args.whiten_bias} if args.whiten_bias else {}
+    return dataclasses.replace(speedrun.MUON, widths=tuple(args.widths), batch_size=args.batch, **extra)
 
 
 def run_port(dm, args, seed: int) -> dict:
@@ -54,7 +61,7 @@ def run_port(dm, args, seed: int) -> dict:
             "final_loss": out["losses"][-5:].mean().item()}
 
 
-def report(path: Path, out: Path, note: str = "") -> Path:
+def report(path: Path, out: Path, note: str = "", stages: Path | None = None) -> Path:
     """One row per (settings, implementation); the course - port gaps judged by verdict.direction."""
     rows = results.read_rows(path)
     groups: dict[tuple, list[dict]] = {}
@@ -79,13 +86,33 @@ def report(path: Path, out: Path, note: str = "") -> Path:
               "rule):", ""]
     for (s, impl), rs in sorted(groups.items()):
         port = groups.get((s, "port"))
-        if impl != "course" or not port:
+        if not impl.startswith("course") or not port:
             continue
+        st = json.loads(s)
+        tag = f"{st['subset']:,} images, {st['epochs']} epochs, iteration {st['ns_dtype']}, {impl}"
         for label, k in (("with TTA", "acc"), ("without TTA", "acc_no_tta")):
             a, b = pct(r[k] for r in rs), pct(r[k] for r in port)
-            lines.append(f"- {label}: {verdict.difference(a, b, 'the course', 'the port', unit=' pt')}")
+            lines.append(f"- {tag}, {label}: {verdict.difference(a, b, 'the course', 'the port', unit=' pt')}")
+    lines += ["", "Per seed, accuracy with TTA / without (%), for the settings run with more than one course variant:"]
+    for s in sorted({s for s, _ in groups}):
+        impls = sorted(i for t, i in groups if t == s)
+        if len(impls) < 3:
+            continue
+        st = json.loads(s)
+        seeds = sorted({r["seed"] for i in impls for r in groups[(s, i)]})
+        lines += ["", f"{st['subset']:,} training images, widths {tuple(st['widths'])}, batch {st['batch']}, "
+                      f"{st['epochs']} epochs, iteration {st['ns_dtype']}:", "",
+                  "| seed | " + " | ".join(impls) + " |", "|---" * (1 + len(impls)) + "|"]
+        for seed in seeds:
+            cells = []
+            for i in impls:
+                got = [r for r in groups[(s, i)] if r["seed"] == seed]
+                cells.append(f"{100 * got[0]['acc']:.1f} / {100 * got[0]['acc_no_tta']:.1f}" if got else "")
+            lines.append(f"| {seed} | " + " | ".join(cells) + " |")
     lines += ["", f"Runs from {path} (commits {', '.join(sorted({r['commit'] for r in rows}))}), one at a time."]
     lines += ["", note] if note else []
+    if stages:  # scripts/fidelity_muon_stages.py's printout, as it was run
+        lines += ["", "## Stage by stage", "", stages.read_text().strip()]
     return results.write_report(out, "Muon rung fidelity: the course against a port of airbench94_muon, on a CPU",
                                 lines)
 
@@ -100,21 +127,29 @@ def main() -> int:
     p.add_argument("--widths", type=int, nargs=3, default=(16, 32, 32))
     p.add_argument("--batch", type=int, default=250)
     p.add_argument("--epochs", type=float, default=speedrun.MUON.epochs)
+    p.add_argument("--whiten-bias", choices=("zero", "uniform"), help="the course's whitening bias start (default: "
+                   "speedrun.MUON's, airbench94_muon's uniform draw; zero: the course before issue 46's fix)")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--runs", type=Path, default=config.build_dir() / "fidelity" / "muon-runs.jsonl")
     p.add_argument("--report", action="store_true", help="write --out from --runs and exit")
     p.add_argument("--note", default="", help="with --report: a paragraph on how the runs were made")
+    p.add_argument("--stages", type=Path, help="with --report: a saved printout of fidelity_muon_stages.py to add")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "fidelity-muon-cpu.md")
     args = p.parse_args()
     if args.report:
-        print(report(args.runs, args.out, args.note).read_text())
+        print(report(args.runs, args.out, args.note, args.stages).read_text())
         return 0
     if args.impl is None:
         p.error("--impl is required (or --report)")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     dm = datamodule(args)
     ns_dtype = str(muon.iteration_dtype("cpu")).removeprefix("torch.")
     settings = {"subset": args.subset, "widths": list(args.widths), "batch": args.batch, "epochs": args.epochs,
                 "ns_dtype": ns_dtype}
-    run_seeds(dm, args, run_course if args.impl == "course" else run_port, settings, label=args.impl)
+    impl = f"course (whiten bias {course_recipe(args).whiten_bias})" if args.impl == "course" else "port"
+    run_seeds(dm, args, run_course if args.impl == "course" else run_port, settings, label=impl, impl=impl,
+              threads=torch.get_num_threads())
     return 0
 
 

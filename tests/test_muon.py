@@ -221,6 +221,86 @@ def test_module_and_twin_train_the_muon_recipe_alike(tiny_folder, session_data_r
     assert run.steps == 6 and twin.loss_diff_all < 1e-4
 
 
+def test_muon_whitening_bias_starts_as_airbench94_muons():
+    """airbench94_muon's whitening layer is a plain nn.Conv2d: reset() draws its bias as PyTorch does, U(+-1/sqrt(12))
+    for 3 x 2 x 2 inputs, and init_whiten sets the filters only, so training starts from that draw (airbench94's Conv
+    zeroes it). speedrun.MUON draws it so, after every other weight (which stay as the zero-bias recipe's for a seed),
+    and the whitening keeps it; the course before issue 46 started this recipe at zero."""
+    recipe = dataclasses.replace(speedrun.MUON, widths=(8, 16, 16), batch_size=20)
+    assert speedrun.Recipe().whiten_bias == "zero" and recipe.whiten_bias == "uniform"
+    bound = 1 / 12 ** 0.5
+    torch.manual_seed(0)
+    theirs = port.make_model((8, 16, 16))
+    theirs.reset()
+    theirs.init_whiten(torch.randn(4, 3, 32, 32))
+    torch.manual_seed(0)
+    ours = speedrun.recipe_net(recipe)
+    torch.manual_seed(0)
+    zero = speedrun.recipe_net(dataclasses.replace(recipe, whiten_bias="zero"))
+    for bias in (theirs.whiten.bias, ours.whiten.bias):
+        assert bias.abs().max() <= bound and bias.abs().max() > bound / 2 and bias.std() > bound / 4
+    drawn = ours.whiten.bias.detach().clone()
+    speedrun.whiten_from(ours, torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8), keep_bias=True)
+    assert torch.equal(ours.whiten.bias, drawn) and bool(ours.whitened)
+    for (name, a), b in zip(zero.state_dict().items(), ours.state_dict().values()):
+        if name not in ("whiten.bias", "whiten.weight", "whitened"):
+            assert torch.equal(a, b), name
+    assert not zero.whiten.bias.any()
+    with pytest.raises(ValueError, match="whiten_bias"):
+        dataclasses.replace(recipe, whiten_bias="random")
+
+
+def test_module_and_twin_start_from_the_drawn_whitening_bias(tiny_folder, session_data_root):
+    """Through experiments.run_seed (Lightning) and the twin, the Muon rung's whitening keeps the seed's drawn bias:
+    with whiten_bias_epochs=0 it never trains, so it ends as fresh_weights drew it (zero before issue 46's fix)."""
+    import lightning as L
+
+    from course_lib import experiments
+    from course_lib.ondevice import SpeedrunDataModule
+
+    dm = SpeedrunDataModule(image_folder=str(tiny_folder), data_dir=str(session_data_root), batch_size=20, seed=0,
+                            device="cpu")
+    dm.setup("fit")
+    recipe = dataclasses.replace(speedrun.MUON, widths=(8, 16, 16), batch_size=20, whiten_bias_epochs=0)
+    L.seed_everything(3, verbose=False)
+    drawn = speedrun.recipe_net(recipe).whiten.bias.detach()
+    module = speedrun.SpeedrunModule(recipe)
+    run = experiments.run_seed(module, dm, seed=3, epochs=1, precision="32-true")
+    assert run.steps == len(dm.train_dataloader()) and drawn.abs().max() > 0.1
+    torch.testing.assert_close(module.net.whiten.bias.detach(), drawn, rtol=0, atol=0)
+    twin = experiments.compare_twin(module, dm, run, epochs=1, precision="32-true")
+    torch.testing.assert_close(twin.twin["net"].whiten.bias.detach(), drawn, rtol=0, atol=0)
+
+
+def test_lightning_trains_as_airbench94_muons_loop_from_one_start(hardware_class, tiny_folder, session_data_root):
+    """The course's fit (experiments.run_seed) and the port's training loop, given the course's whitened start and its
+    batches (scripts/fidelity_muon_stages.py's stage 4), take the same steps at the same LRs with the same losses, over
+    4 epochs: the epoch boundaries, the whitening bias's decay and its freeze after epoch 3 (fp32 iteration; at this
+    size rounding has not yet grown, as it does over longer runs: the stage check's nudged row)."""
+    import airbench_port
+    import fidelity_muon_stages as stages
+
+    from course_lib import experiments
+    from course_lib.ondevice import SpeedrunDataModule
+
+    hardware_class("cpu-avx2")
+    dm = SpeedrunDataModule(image_folder=str(tiny_folder), data_dir=str(session_data_root), batch_size=20, seed=0,
+                            device="cpu")
+    dm.setup("fit")
+    recipe = dataclasses.replace(speedrun.MUON, widths=(8, 16, 16), batch_size=20)
+    module = stages.course_net(recipe, 1)
+    start = copy.deepcopy(module.net)
+    speedrun.whiten_from(start, dm.train_set.images, keep_bias=True)
+    state = {stages.port_name(k): v for k, v in start.state_dict().items() if k != "whitened"}
+    run = experiments.run_seed(module, dm, seed=1, epochs=4, precision="32-true")
+    dm.shuffle_seed = 1
+    test = airbench_port.Loader(dm.test_set.images, dm.test_set.labels, 2000, train=False)
+    out = port.train(stages.CourseBatches(dm.train_dataloader()), test, 4, recipe.widths, ns_dtype=torch.float32,
+                     init=lambda m: m.load_state_dict(state))
+    assert run.steps == out["steps"] == 4 * len(dm.train_dataloader()) > 3 * len(dm.train_dataloader())
+    torch.testing.assert_close(run.losses, out["losses"], rtol=0, atol=1e-4)
+
+
 def test_twin_trains_the_muon_recipe():
     """The plain twin runs MUON's optimiser and schedule end to end on a few images; the loss falls."""
     recipe = dataclasses.replace(speedrun.MUON, widths=(8, 16, 16), batch_size=32)
