@@ -2,6 +2,7 @@
 COURSE_SIZE, with its outputs in $COURSE_BUILD/runs/<run_name> and runs that an interrupt never loses."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -22,7 +23,7 @@ from .runfolder import run_checkpoints
 
 __all__ = ["CourseCLI", "CourseError", "EpochLines", "log_defaults", "main", "run_checkpoints"]
 
-DEBUG_ENV = "COURSE_DEBUG"  # set to 1 (or pass --debug) for the full traceback of the course's own errors
+DEBUG_ENV = "COURSE_DEBUG"  # set to 1 (or pass --debug) for the full traceback of the course's errors and all output
 
 
 class EpochLines(L.Callback):
@@ -103,22 +104,26 @@ def log_defaults(interactive: bool) -> dict:
 
 class CourseCLI(LightningCLI):
     """LightningCLI whose defaults follow the run-size switch and the data source; flags and configs override them.
-    Outputs (checkpoints, logs) go to $COURSE_BUILD/runs/<run_name>, from any working folder. A CourseError prints as
-    its message alone and exits 1; --debug or COURSE_DEBUG=1 brings its traceback back."""
+    Outputs go to $COURSE_BUILD/runs/<run_name>, from any working folder; the output is quiet (runs.quiet_cli). A
+    CourseError or a full disk prints as one message, exit 1; --debug or COURSE_DEBUG=1 brings all output back."""
 
     def __init__(self, *args, **kwargs):
         self.debug = os.environ.get(DEBUG_ENV, "") not in ("", "0")  # --debug joins it once the arguments are parsed
         self._setup_error: CourseError | None = None  # a bad COURSE_SIZE or COURSE_DATA, raised after parsing
         self._explicit_model: dict = {}
         self._lock: runfolder.RunLock | None = None  # a fit's hold on its run folder
+        self._run_dir: Path | None = None
+        self._quiet = contextlib.ExitStack()  # runs.quiet_cli, from parsing (once --debug is known) to the end
         try:
             super().__init__(*args, **kwargs)
-        except CourseError as err:  # the course's own: bad input, the remedy in the message; anything else is a bug
-            if self.debug:
+        except (CourseError, OSError) as raised:  # the course's own (the remedy named), a full disk; else a bug
+            err = runfolder.as_course_error(raised, self._run_dir)
+            if err is None or self.debug:
                 raise
             print(f"error: {err}\n(run with --debug or {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
             raise SystemExit(1) from None
         finally:
+            self._quiet.close()
             if self._lock is not None:
                 self._lock.release()  # the run is over: its folder is free now, not when this object is collected
 
@@ -126,7 +131,7 @@ class CourseCLI(LightningCLI):
         parser.add_argument("--run_name", type=str, default="run",
                             help="outputs go to $COURSE_BUILD/runs/<run_name> (default build/ in the checkout)")
         parser.add_argument("--debug", action="store_true",
-                            help=f"the full traceback of the course's own errors (or set {DEBUG_ENV}=1)")
+                            help=f"tracebacks, and the notices and warnings the CLI hides (or set {DEBUG_ENV}=1)")
         try:
             parser.set_defaults(runs.cli_defaults())
         except CourseError as err:  # raised once the arguments are parsed, so that --debug applies and --help works
@@ -141,9 +146,12 @@ class CourseCLI(LightningCLI):
         subcommand = self.config.subcommand
         cfg = self.config[subcommand]
         self.debug = self.debug or cfg.debug
+        if not self.debug:  # a checkpoint tested or used from another run's folder: Lightning's notice is moot there
+            self._quiet.enter_context(runs.quiet_cli(*([] if subcommand == "fit" else ["The dirpath has changed"])))
         if self._setup_error is not None:
             raise self._setup_error
-        last = config.build_dir().resolve() / "runs" / cfg.run_name / "checkpoints" / "last.ckpt"
+        self._run_dir = config.build_dir().resolve() / "runs" / cfg.run_name
+        last = self._run_dir / "checkpoints" / "last.ckpt"
         if cfg.get("ckpt_path") == "last":
             if not last.is_file():
                 raise CourseError(f"--ckpt_path last: no {last} to resume (the run {cfg.run_name!r} never finished "
@@ -217,21 +225,17 @@ class CourseCLI(LightningCLI):
         if cfg.data.batch_size < 1:
             raise CourseError(f"--data.batch_size {cfg.data.batch_size}: a batch needs at least one image. Pass a "
                               f"positive size, e.g. --data.batch_size 64.")
-        run_dir = config.build_dir().resolve() / "runs" / cfg.run_name
-        ckpt_dir = run_dir / "checkpoints"
+        run_dir, ckpt_dir = self._run_dir, self._run_dir / "checkpoints"
         if self.subcommand == "fit":
             self._claim_run_folder(cfg, run_dir, ckpt_dir)
         else:
             runfolder.writable(run_dir)
         if trainer.default_root_dir is None:
             trainer.default_root_dir = str(run_dir)
-        if trainer.logger in (None, True):
-            trainer.logger = Namespace(class_path="lightning.pytorch.loggers.CSVLogger",
+        if trainer.logger in (None, True):  # TensorBoard where it is installed, else CSV
+            trainer.logger = Namespace(class_path=runfolder.logger_class(),
                                        init_args=Namespace(save_dir=str(run_dir), name="logs"))
-        callbacks = self.trainer_defaults.setdefault("callbacks", [])
-        callbacks += [*run_checkpoints(ckpt_dir), runfolder.NoEmptyRunFolders()]
-        if self.subcommand == "predict":
-            callbacks.append(runfolder.PredictionCSV(run_dir / "predictions.csv"))
+        self.trainer_defaults.setdefault("callbacks", []).extend(runfolder.run_callbacks(self.subcommand, run_dir))
 
     def instantiate_trainer(self, **kwargs):
         """The Trainer, writing checkpoints atomically (runfolder.AtomicCheckpointIO) unless --trainer.plugins

@@ -8,7 +8,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, random_split
 
-from . import config, internals
+from . import config, hardware, internals
 from .errors import CourseError, MissingPathError
 from .sampling import EpochSampler, ResumableLoader
 from .sources import CIFAR10_CLASSES as CIFAR10_CLASSES  # re-exported: the lessons import it from here
@@ -92,7 +92,8 @@ def split_indices(n: int, fractions: list[float], seed: int) -> list[torch.Tenso
 
 class CIFAR10DataModule(L.LightningDataModule):
     """CIFAR-10 (torchvision download), any <root>/<split>/<class>/*.jpg folder, or a saved .pt tensor file, chosen
-    once here (sources.open_source); seeded splits. Normalised with CIFAR-10's statistics (normalize=False: [0, 1])."""
+    once here (sources.open_source); seeded splits. Normalised with CIFAR-10's statistics (normalize=False: [0, 1]).
+    pin_memory=True pins batches where they are copied to a GPU; a run on the CPU copies nothing and pins nothing."""
 
     def __init__(self, *, image_folder: str | None = None, data_dir: str | None = None, test_folder: str | None = None,
                  mirror_url: str | None = None, batch_size: int = 64, num_workers: int = 0,
@@ -212,13 +213,17 @@ class CIFAR10DataModule(L.LightningDataModule):
 
     def _loader(self, ds: ImageTensorDataset, train: bool) -> DataLoader:
         hp = self.hparams
-        kwargs = dict(batch_size=hp.batch_size, num_workers=hp.num_workers, pin_memory=hp.pin_memory,
+        kwargs = dict(batch_size=hp.batch_size, num_workers=hp.num_workers, pin_memory=hp.pin_memory and self._to_gpu(),
                       collate_fn=_batch_as_is, persistent_workers=hp.persistent_workers and hp.num_workers > 0)
         if not train:
             return DataLoader(ds, **kwargs)
         rng_state, self._resumed_rng_state = self._resumed_rng_state, None
         return ResumableLoader(ds, sampler=EpochSampler(len(ds), hp.seed), position=self._batches_done,
                                rng_state=rng_state, **kwargs)
+
+    def _to_gpu(self) -> bool:
+        """Whether the batches go to an accelerator: the Trainer's device, or without a Trainer whether a GPU exists."""
+        return self.trainer.strategy.root_device.type != "cpu" if self.trainer else hardware.gpu_count() > 0
 
     def state_dict(self) -> dict:
         """Saved in every checkpoint: the CPU random state, which a resumed run restores at its next batch."""

@@ -21,3 +21,11 @@ class NotAFolderError(CourseError, NotADirectoryError):
 
 class SetupError(CourseError, RuntimeError):
     """A course error about the environment (a failed download, a GPU that torch cannot use)."""
+
+
+class WriteError(CourseError, OSError):
+    """A course error about an output that could not be written (a full disk, a folder it may not write to)."""
+
+
+class DivergedError(CourseError, ArithmeticError):
+    """A course error about a training run whose loss stopped being finite (a learning rate too high)."""

@@ -3,6 +3,7 @@ last.ckpt after every epoch, and checkpoints read with errors that name the file
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import os
 import pickle
@@ -11,6 +12,7 @@ import shutil
 import sys
 import tempfile
 import zipfile
+from importlib.util import find_spec
 from pathlib import Path
 
 import lightning as L
@@ -20,7 +22,8 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from . import config
-from .errors import CourseError
+from .divergence import StopOnDivergence
+from .errors import CourseError, DivergedError, WriteError
 
 try:  # POSIX; Windows locks through msvcrt instead
     import fcntl
@@ -30,6 +33,7 @@ except ImportError:  # pragma: no cover - Windows
 
 LOCK_NAME = ".run.lock"  # in the run folder; its text names the process that holds it
 SPLIT_KEYS = ("seed", "val_fraction", "test_fraction", "subset", "eval_subset")  # what decides the held-out images
+DISK_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))  # the OS errors of a full disk or quota
 
 
 def writable(folder: Path) -> Path:
@@ -96,21 +100,74 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     goes through a temporary file in the system's temp folder, which is a copy, not a rename, across disks.)"""
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        """Write `checkpoint` to `path` atomically; a write the OS or torch's zip writer refuses (a full disk: torch
+        reports it as '[enforce fail at inline_container.cc] unexpected pos') is one WriteError naming the file, the
+        size needed and COURSE_BUILD; any other RuntimeError of torch.save keeps its traceback."""
         path = Path(path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         except OSError as err:
-            raise config.unwritable(path.parent, err) from None
+            raise (not_written(path, err) if err.errno in DISK_FULL else config.unwritable(path.parent, err)) from None
         try:
             with os.fdopen(fd, "wb") as f:
                 torch.save(checkpoint, f)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-        except BaseException:
+        except BaseException as err:
             Path(tmp).unlink(missing_ok=True)
+            if isinstance(err, OSError) or isinstance(err, RuntimeError) and "inline_container" in str(err):
+                raise not_written(path, err, tensor_bytes(checkpoint), path.parent / "last.ckpt") from None
             raise
+
+
+def tensor_bytes(obj) -> int:
+    """The bytes of the tensors in a nested dict/list/tuple: what a checkpoint of it needs at least."""
+    if isinstance(obj, torch.Tensor):
+        return obj.nbytes
+    values = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+    return sum(tensor_bytes(v) for v in values)
+
+
+def size_text(n: int) -> str:
+    """Bytes in words: kB below a megabyte, else MB (or GB) with one decimal."""
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{max(1, round(n / 1e3))} kB"
+
+
+def not_written(path: Path, err: BaseException, needed: int = 0, last: Path | None = None) -> WriteError:
+    """The one message for an output the disk refused: the file, the reason, the space it needs (at least its earlier
+    version's size) and the space free, what is kept (the run's `last` checkpoint), and the remedies (free space, or
+    COURSE_BUILD elsewhere)."""
+    path, reason = Path(path), (getattr(err, "strerror", None) or str(err).splitlines()[0])[:160]
+    needed = max(needed, path.stat().st_size if path.is_file() else 0)
+    there = next((p for p in (path, *path.parents) if p.is_dir()), Path("."))
+    try:
+        free = f"{size_text(shutil.disk_usage(there).free)} free there"
+    except OSError:
+        free = "its free space unknown"
+    kept = f" The previous {path.name} is kept whole." if path.is_file() else ""
+    resume = (f" Nothing is lost: resume with --ckpt_path last once there is room (with {config.BUILD_ENV} elsewhere, "
+              f"move {config.build_dir().resolve() / 'runs'} there first)." if last and last.is_file() else "")
+    return WriteError(f"Cannot write {path} ({type(err).__name__}: {reason}); "
+                      f"{f'it needs about {size_text(needed)}, ' if needed else ''}{free}.{kept} Free space on that "
+                      f"disk, or set {config.BUILD_ENV} to a folder on a disk with room.{resume}")
+
+
+def as_course_error(err: BaseException, folder: Path | None) -> CourseError | None:
+    """The course's message for a failed run: the CourseError that `err` is or was raised while handling (Lightning's
+    cleanup after an error can fail the same way), else a full disk's OSError on an output (a file in COURSE_BUILD,
+    or one it does not name) as not_written, else None (a bug, or another folder's error: its traceback names it)."""
+    chain = []
+    while err is not None and err not in chain:
+        chain.append(err)
+        err = err.__context__
+    full = [e for e in chain if isinstance(e, OSError) and e.errno in DISK_FULL
+            and (not e.filename or under(e.filename, config.build_dir()))]
+    if not any(isinstance(e, CourseError) for e in chain) and full:
+        last = Path(folder) / "checkpoints" / "last.ckpt" if folder else None
+        return not_written(Path(full[0].filename or folder or "."), full[0], last=last)
+    return next((e for e in reversed(chain) if isinstance(e, CourseError)), None)  # the first one raised
 
 
 class PredictionCSV(BasePredictionWriter):
@@ -160,16 +217,55 @@ def remove_stale_temporaries(folder: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
+class LastCheckpoint(ModelCheckpoint):
+    """ModelCheckpoint for last.ckpt, which also saves when a run stops early (save_on_exception), except from weights
+    that are no longer finite (a diverged run) and after a write the disk refused (it would fail again): then the
+    previous last.ckpt stays."""
+
+    @property
+    def state_key(self) -> str:
+        """ModelCheckpoint's own key, so that checkpoints written by either class restore this one's state."""
+        return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if isinstance(exception, (DivergedError, WriteError)) or getattr(exception, "errno", None) in DISK_FULL:
+            return
+        finite = [torch.isfinite(p).all() for p in pl_module.parameters()]
+        if finite and not bool(torch.stack(finite).all()):  # one host read, once
+            print(f"note: the weights are no longer finite (the loss diverged): {self.dirpath}/last.ckpt keeps the "
+                  f"last finished epoch.", file=sys.stderr, flush=True)
+            return
+        super().on_exception(trainer, pl_module, exception)
+
+
 def run_checkpoints(folder: Path) -> list[ModelCheckpoint]:
     """The run's checkpoints: best.ckpt at the highest val_acc, and last.ckpt after every epoch (the top-1 of no
-    monitor, i.e. the newest, replaced each epoch) and on any stop (SIGINT, SIGTERM, an exception).
+    monitor, i.e. the newest, replaced each epoch) and on any stop (SIGINT, SIGTERM, an exception; LastCheckpoint).
 
     Lightning's save_last=True with save_top_k=0 writes last.ckpt only in a step where a top-k checkpoint was saved,
     i.e. at the very end or on an exception: a SIGKILL mid-run left none. So last.ckpt is the top-k file itself."""
     return [ModelCheckpoint(dirpath=folder, filename="best", monitor="val_acc", mode="max",
                             enable_version_counter=False),
-            ModelCheckpoint(dirpath=folder, filename="last", monitor=None, save_top_k=1, every_n_epochs=1,
-                            save_on_exception=True, enable_version_counter=False)]
+            LastCheckpoint(dirpath=folder, filename="last", monitor=None, save_top_k=1, every_n_epochs=1,
+                           save_on_exception=True, enable_version_counter=False)]
+
+
+def run_callbacks(subcommand: str, folder: Path) -> list[L.Callback]:
+    """A CLI run's callbacks: its checkpoints, no empty log folder on a failure, a fit stopped when its loss diverges,
+    and predict's CSV."""
+    callbacks = [*run_checkpoints(folder / "checkpoints"), NoEmptyRunFolders()]
+    if subcommand == "fit":
+        callbacks.append(StopOnDivergence())
+    if subcommand == "predict":
+        callbacks.append(PredictionCSV(folder / "predictions.csv"))
+    return callbacks
+
+
+def logger_class() -> str:
+    """The CLI's logger: TensorBoard's where the tensorboard package is installed (its curves: tensorboard --logdir
+    <run folder>/logs), else CSV (metrics.csv); either writes <run folder>/logs/version_N/."""
+    name = "TensorBoardLogger" if find_spec("tensorboard") else "CSVLogger"
+    return f"lightning.pytorch.loggers.{name}"
 
 
 def read_checkpoint(path: str | Path, flag: str = "--ckpt_path") -> dict:

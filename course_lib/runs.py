@@ -2,8 +2,10 @@
 precision policy. Notebooks, the CLI and the scripts build their data and trainers here instead of repeating it."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import re
 import warnings
 
 import lightning as L
@@ -71,21 +73,65 @@ UNACTIONABLE = ((r".*isinstance\(treespec, LeafSpec\)` is deprecated.*", ""),
                 (r"To copy construct from a tensor", r"torch\._inductor\..*"))
 
 
+#: Lightning's notices (its rank-zero info lines) that the CLI hides: the devices it found, its tips, its bookkeeping
+#: before and after a run; the lessons hide every notice (quiet_lightning), the CLI keeps what a run restored
+NOTICES = (r"\w+ available: ", r"💡 Tip: ", r"LOCAL_RANK: \d+ - CUDA_VISIBLE_DEVICES", r"Loading `\w+` to estimate",
+           r"`Trainer\.\w+` stopped: ", r"Restoring states from the checkpoint path at ")
+NOTICE_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda")
+# loggers quiet_lightning turns down, with their levels: the Tuner's temporary checkpoint notes (it saves the full
+# state by default: a notice, not a choice); the tuners' and seed_everything's notices, which repeat what the lesson
+# prints itself from their results; torch's 'No CUDA runtime' build notice; torchao 0.18's import notice (it registers
+# Enum constants the way torch 2.14 deprecates: nothing to act on)
+LEVELS = {"lightning.pytorch.trainer.connectors.checkpoint_connector": logging.WARNING,
+          "lightning.pytorch.tuner.lr_finder": logging.WARNING,
+          "lightning.pytorch.tuner.batch_size_scaling": logging.WARNING,
+          "lightning.fabric.utilities.seed": logging.WARNING,
+          "torch.utils.cpp_extension": logging.ERROR, "torch.utils._pytree": logging.ERROR}
+
+
 def quiet_lightning() -> None:
     """Lessons and scripts call this once: Lightning's tips (litlogger, litmodels) and per-Trainer device banners
     off, torch's 'No CUDA runtime' build notice, torchao's import notice and the profiler's C++ log lines off, and
     the UNACTIONABLE warnings hidden; real warnings stay."""
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
-    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-    # the Tuner's temporary checkpoint notes that it saves the full state by default (a notice, not a choice)
-    logging.getLogger("lightning.pytorch.trainer.connectors.checkpoint_connector").setLevel(logging.WARNING)
-    # the tuners' and seed_everything's notices repeat what the lesson prints itself from their results
-    for notice in ("lightning.pytorch.tuner.lr_finder", "lightning.pytorch.tuner.batch_size_scaling",
-                   "lightning.fabric.utilities.seed"):
-        logging.getLogger(notice).setLevel(logging.WARNING)
-    # torchao 0.18 registers Enum constants the way torch 2.14 deprecates (a notice at import, nothing to act on)
-    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    for name, level in LEVELS.items():
+        logging.getLogger(name).setLevel(level)
     # the profiler's C++ log lines (no GPU found, USDT start/stop marks): 6 is above every level kineto prints at
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     for message, module in UNACTIONABLE:
         warnings.filterwarnings("ignore", message=message, module=module)
+
+
+class _DropNotices(logging.Filter):
+    """A logging filter that drops the records whose message starts with one of NOTICES."""
+
+    pattern = re.compile("|".join(NOTICES))
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.pattern.match(record.getMessage())
+
+
+@contextlib.contextmanager
+def quiet_cli(*more_warnings: str):
+    """The CLI's output for a block: quiet_lightning's, but Lightning's notices dropped one by one (NOTICES), so what a
+    run restored from a checkpoint still shows; more_warnings: messages (regexes) of further warnings to hide.
+    Everything is as before once the block ends, so that in-process callers (tests, notebooks) keep their settings."""
+    loggers = [logging.getLogger(name) for name in LEVELS]
+    levels, drop, kineto = [lg.level for lg in loggers], _DropNotices(), os.environ.get("KINETO_LOG_LEVEL")
+    with warnings.catch_warnings():
+        for lg in loggers:
+            lg.setLevel(max(lg.getEffectiveLevel(), LEVELS[lg.name]))
+        for name in NOTICE_LOGGERS:
+            logging.getLogger(name).addFilter(drop)
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+        for message, module in [*UNACTIONABLE, *((m, "") for m in more_warnings)]:
+            warnings.filterwarnings("ignore", message=message, module=module)
+        try:
+            yield
+        finally:
+            for lg, level in zip(loggers, levels):
+                lg.setLevel(level)
+            for name in NOTICE_LOGGERS:
+                logging.getLogger(name).removeFilter(drop)
+            if kineto is None:
+                os.environ.pop("KINETO_LOG_LEVEL", None)
