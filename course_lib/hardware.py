@@ -118,7 +118,8 @@ def label(info: dict | None = None) -> str:
     info = info or facts()
     if info.get("gpu"):
         shown = f"{info['gpu_count']}x {info['gpu']} (CUDA {info['cuda']})"
-        return shown + (" emulated on " + info["cpu"] if emulated() else "")
+        host = info.get("cpu") or ""  # facts() names an emulated class there: "<cpu> emulating gpu-t4"
+        return shown + (f" emulated on {host}" if " emulating " in host else "")
     return f"CPU {info['cpu']} ({info['cpu_cores']} cores)"
 
 

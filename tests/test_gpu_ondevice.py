@@ -81,6 +81,7 @@ def test_two_ddp_processes_train_on_disjoint_covering_shares(tmp_path, tiny_fold
 
 def _unsharded_worker(rank, store):
     torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    torch.distributed.barrier()  # both ranks joined: neither raises while the other still connects (a busy machine)
     try:
         next(iter(DeviceBatches(torch.zeros(4, 3, 2, 2, dtype=torch.uint8), torch.arange(4), 2)))
     finally:
