@@ -37,11 +37,15 @@ class AlternatingFlipTranslate:
         base = torch.rand(self.n, generator=torch.Generator().manual_seed(self.seed)) < 0.5
         return base ^ bool(epoch % 2) if self.flip else torch.zeros_like(base)
 
+    def shifts(self, epoch: int) -> torch.Tensor:
+        """(2, N) int, per image: this epoch's row and column shift in 0..2 * translate (the crop's offset)."""
+        g = epoch_generator(self.seed, epoch)  # CPU generator: same on any device
+        return torch.randint(0, 2 * self.translate + 1, (2, self.n), generator=g)
+
     def __call__(self, x: torch.Tensor, idx: torch.Tensor, epoch: int) -> torch.Tensor:
         if self._epoch != epoch:  # one draw and one host-to-device copy per epoch, then gathers on the device
-            g = epoch_generator(self.seed, epoch)  # CPU generator: same on any device
-            self._shifts = torch.randint(0, 2 * self.translate + 1, (2, self.n), generator=g).to(x.device)
-            self._flips, self._epoch = self.flips(epoch).to(x.device), epoch
+            self._shifts, self._flips = self.shifts(epoch).to(x.device), self.flips(epoch).to(x.device)
+            self._epoch = epoch
         return crop_flip(x, self._shifts[:, idx], self._flips[idx], self.translate, mode="reflect")
 
 

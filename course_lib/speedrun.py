@@ -1,5 +1,5 @@
-"""Lesson 08's recipe: airbench94's training as a LightningModule, its plain-PyTorch twin, and test-time
-augmentation. tests/test_fidelity.py checks it against a port of airbench94, piece by piece and step for step."""
+"""Lesson 08's recipe: airbench94's training as a LightningModule and its plain-PyTorch twin (test-time
+augmentation: tta.py). tests/test_fidelity.py checks it against a port of airbench94, piece by piece, step for step."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,6 @@ from dataclasses import asdict, dataclass
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from . import hardware, runs
@@ -18,6 +17,7 @@ from .modules import ClassifierSystem
 from .ondevice import DeviceBatches
 from .optim import Lookahead, lookahead_decay, make_muon_speedrun_optimizer, make_speedrun_optimizer
 from .timing import DeviceTimer
+from .tta import evaluate_tta, tta_logits  # noqa: F401  (speedrun.evaluate_tta: the recipe's evaluation)
 
 #: airbench94's training length: ceil(9.9 x steps per epoch) steps (426 of batch 1024 on 45,000 images)
 EPOCHS = 9.9
@@ -124,38 +124,6 @@ def whiten_from(net: AirNet, images: torch.Tensor, keep_bias: bool = False) -> N
     init_whitening(net, to_float(images[:WHITEN_IMAGES]))
     if keep_bias:
         net.whiten.bias.copy_(bias)
-
-
-@torch.no_grad()
-def tta_logits(model: nn.Module, x: torch.Tensor, level: int = 2) -> torch.Tensor:
-    """Logits averaged over views: level 0 the image, 1 + its mirror, 2 + both shifted 1 px down-right and up-left."""
-    logits = model(x)  # (B, classes)
-    if level == 0:
-        return logits
-    logits = 0.5 * (logits + model(x.flip(3)))
-    if level == 1:
-        return logits
-    down = F.pad(x, (1, 0, 1, 0), mode="reflect")[..., :-1, :-1]  # content moves 1 px right and down
-    up = F.pad(x, (0, 1, 0, 1), mode="reflect")[..., 1:, 1:]
-    shifted = model(torch.cat([down, up, down.flip(3), up.flip(3)])).view(4, len(x), -1).mean(0)
-    return 0.5 * logits + 0.5 * shifted
-
-
-@torch.no_grad()
-def evaluate_tta(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, level: int = 2,
-                 batch_size: int = 1000, precision: str = "32-true") -> float:
-    """Accuracy of model on uint8 images (N, 3, H, W) with test-time augmentation; one host sync at the end.
-    Autocast in `precision`'s dtype (a Lightning precision), as training ran."""
-    if level not in (0, 1, 2):
-        raise ValueError(f"TTA level must be 0 (none), 1 (mirror) or 2 (mirror + shifts), got {level}.")
-    dtype = hardware.autocast_dtype(precision)
-    was_training, acc = model.training, top1_accuracy().to(images.device)
-    model.eval()
-    with torch.autocast(images.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-        for x, y in DeviceBatches(images, labels, batch_size):
-            acc.update(tta_logits(model, x, level), y)
-    model.train(was_training)
-    return acc.compute().item()
 
 
 class SpeedrunModule(ClassifierSystem):

@@ -113,8 +113,8 @@ def stage_augmentation(dm, seed: int, batch: int, widths) -> list[str]:
     aug = batches.augment
     course = []
     for epoch in (0, 1):
-        aug(torch.zeros(1, 3, 32, 32), torch.zeros(1, dtype=torch.long), epoch)  # draws this epoch's table
-        course.append((aug._flips.clone(), (aug._shifts[0] * (2 * r + 1) + aug._shifts[1]).clone()))
+        shifts = aug.shifts(epoch)  # this epoch's table, as the batches draw it
+        course.append((aug.flips(epoch), shifts[0] * (2 * r + 1) + shifts[1]))
     port_net(widths, seed)  # the global generator's draws before the loader's, as in train()
     loader = airbench_port.Loader(dm.train_set.images, dm.train_set.labels, batch, train=True,
                                   aug=port.HYP["aug"], altflip=True)
