@@ -3,6 +3,7 @@ after warm-up) for each BenchConfig, speedups over a baseline, autograd's saved 
 chart."""
 from __future__ import annotations
 
+import builtins
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -165,6 +166,23 @@ def table(rows: list[dict], fields: list[str] | None = None) -> str:
               and all(r.get(k) == rows[0][k] for r in rows)]
     every = f"Every row: {', '.join(shared)}. " if shared else ""
     return "\n".join(lines) + f"\n\n{every}Hardware: {hardware.label()}; size {config.run_size().name}"
+
+
+class Table(str):
+    """A markdown table that Jupyter, Colab and the website render as a table (text/markdown), and whose plain-text
+    form (text/plain, print) is the same markdown."""
+
+    def _repr_markdown_(self) -> str:
+        return str(self)
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def show(rows: list[dict], fields: list[str] | None = None) -> None:
+    """table(rows, fields) shown as a rendered table where IPython runs (it puts `display` in builtins), else
+    printed as markdown text."""
+    (getattr(builtins, "display", None) or print)(Table(table(rows, fields)))
 
 
 def plot_speedups(rows: list[dict], title: str):

@@ -353,3 +353,19 @@ def test_device_data_module_trains_validates_and_tests(dm_kwargs):
     with torch.no_grad():
         hits = [(module(x).argmax(1) == y).sum().item() for x, y in dm.test_dataloader()]
     assert acc == pytest.approx(sum(hits) / len(dm.test_set.labels))  # the logged accuracy is a hand count
+
+
+def test_show_renders_a_table_in_ipython_and_prints_it_elsewhere(monkeypatch, capsys):
+    """bench.show hands IPython's display a Table whose text/markdown and text/plain are the same markdown (Jupyter,
+    Colab and the website render it as a table); without IPython it prints that markdown."""
+    rows = [{"name": "a", "images_per_s": 100.0}, {"name": "b", "images_per_s": 250.0}]
+    shown = []
+    monkeypatch.setattr(bench.builtins, "display", shown.append, raising=False)
+    bench.show(rows, ["name", "images_per_s"])
+    (table,) = shown
+    assert isinstance(table, bench.Table) and table._repr_markdown_() == repr(table) == bench.table(rows, ["name",
+                                                                                                      "images_per_s"])
+    assert table.startswith("| name | images_per_s |")
+    monkeypatch.delattr(bench.builtins, "display")
+    bench.show(rows, ["name", "images_per_s"])
+    assert capsys.readouterr().out.startswith("| name | images_per_s |")
