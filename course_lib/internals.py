@@ -5,6 +5,7 @@ or Lightning release that moves one breaks here, in one place, and tests/test_in
 from __future__ import annotations
 
 import contextlib
+from typing import Callable
 
 import torch
 
@@ -54,3 +55,16 @@ def profiled_fetch_and_step_s(profiler) -> tuple[float, float]:
     measurement of the same wait is timing.BenchCallback's wait_s, which lesson 03 uses from its ladder on."""
     spent = {name: sum(times) for name, times in profiler.recorded_durations.items()}
     return spent["[_TrainingEpochLoop].train_dataloader_next"], spent["run_training_batch"]
+
+
+def onednn_int8_matmul(x: torch.Tensor, w: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """A call computing x @ w.T (x uint8 (m, k), w int8 (n, k); int32 sums, fp32 out) through oneDNN's int8 linear
+    kernel: the kernel Inductor emits for lesson 07's compiled PT2E int8 Linear layers, on a CPU.
+
+    The kernel is registered under torch.ops.onednn, a namespace torch documents nowhere, and its signature follows
+    Inductor's lowering from release to release; the public routes fit worse: torchao's safe_int_mm falls back to an
+    int32 torch.matmul on a CPU (no VNNI instruction runs), and compiling a quantized Linear costs tens of seconds."""
+    packed = torch.ops.onednn.qlinear_prepack(w, list(x.shape))
+    w_scales, w_zero_points = torch.ones(w.shape[0]), torch.zeros(w.shape[0], dtype=torch.int64)
+    return lambda: torch.ops.onednn.qlinear_pointwise(x, 1.0, 0, packed, w_scales, w_zero_points, None, 1.0, 0,
+                                                      torch.float32, "none", [None], "")

@@ -150,3 +150,12 @@ def test_profiled_fetch_and_step_s_reads_the_simple_profilers_two_lines(tmp_path
               enable_checkpointing=False, enable_model_summary=False, default_root_dir=tmp_path).fit(_Tiny())
     fetch, step = internals.profiled_fetch_and_step_s(profiler)
     assert fetch > 0 and step > 0
+
+
+def test_onednn_int8_matmul_is_the_exact_integer_product():
+    """uint8 activations times int8 weights, summed in int32: equal to the product in floats (small enough to be
+    exact), on the kernel the int8 matmul ceiling times on a CPU."""
+    x = torch.randint(0, 256, (64, 48), dtype=torch.uint8)
+    w = torch.randint(-128, 128, (32, 48), dtype=torch.int8)
+    out = internals.onednn_int8_matmul(x, w)()
+    assert out.dtype == torch.float32 and torch.equal(out, x.float() @ w.float().T)

@@ -165,3 +165,19 @@ def test_committed_tables_never_label_a_faster_row_slower(path):
         wrong += [f"cell {i}: {v:,.0f} images/s against the baseline's {base:,.0f}: {cell!r}" for v, cell in rows
                   if base is not None and ((v > base and "slower" in cell) or (v < base and "faster" in cell))]
     assert not wrong, "\n".join(wrong)
+
+
+# a ceiling course_lib.ceilings flagged noisy, and the share of its roof an op reached (lesson 00's roofline cell)
+NOISY_CEILING = re.compile(r"^.*\bNOISY\b.*$", re.M)
+ROOF_SHARE = re.compile(r"([\d,.]+)\s*% of the speed its roof allows")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_committed_outputs_show_no_noisy_ceiling_and_no_op_above_its_roof(path):
+    """Ceilings are upper bounds measured on a quiet machine: no output shows one flagged NOISY, and no op measured
+    faster than its roof allows (above 100 %, the ceiling was measured too low)."""
+    found = [f"cell {i}: a NOISY ceiling: {m.group(0).strip()[:160]!r}"
+             for i, text in output_texts(path) for m in NOISY_CEILING.finditer(text)]
+    found += [f"cell {i}: an op above its roof: {m.group(0)!r}" for i, text in output_texts(path)
+              for m in ROOF_SHARE.finditer(text) if float(m.group(1).replace(",", "")) > 100]
+    assert not found, "\n".join(found)

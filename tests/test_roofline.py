@@ -95,12 +95,14 @@ def test_a_format_not_measured_is_a_clear_error():
 
 
 # ---- ceilings from injected timings ----------------------------------------------------------------------------
-def test_summaries_turn_block_times_into_rates_with_a_spread_and_flag_noise():
+def test_summaries_turn_block_times_into_best_sustained_rates_with_a_spread_and_flag_noise():
     c = ceilings.summarise("matmul fp32", "compute", 2e9, [0.02, 0.021, 0.019, 0.02])
     assert c.median == pytest.approx(1e11) and len(c.values) == 4 and not ceilings.noisy(c)
-    assert "blocks" in c.text() and "NOISY" not in c.text()
-    slow = ceilings.summarise("per op", "overhead", 100, [1e-3, 1e-3, 3e-3, 1e-3])
-    assert slow.median == pytest.approx(1e-5) and ceilings.noisy(slow) and "NOISY" in slow.text()
+    assert c.best == pytest.approx(2e9 / 0.019) and c.shown()[0] == pytest.approx(2e9 / 0.019 / 1e9)  # fastest
+    assert "best sustained: fastest of 4 blocks" in c.text() and "NOISY" not in c.text()
+    slow = ceilings.summarise("per op", "overhead", 100, [1e-3, 2e-3, 3e-3, 2e-3])
+    assert slow.best == pytest.approx(1e-5) and slow.median == pytest.approx(2e-5)  # the cheapest block
+    assert ceilings.noisy(slow) and "NOISY" in slow.text() and "cheapest of 4" in slow.text()
     with pytest.raises(ValueError, match="positive"):
         ceilings.summarise("memory", "memory", 1e9, [])
 
@@ -111,13 +113,46 @@ def test_measure_times_every_ceiling_through_the_injected_timer():
     def fake_time(fn, min_run_time):  # runs each call once, reports fixed seconds: no clock
         fn()
         calls.append(min_run_time)
-        return [0.01, 0.011, 0.012, 0.01, 0.0105]  # median 0.0105
+        return [0.01, 0.011, 0.012, 0.01, 0.0105]  # fastest 0.01
 
     found = ceilings.measure("cpu", size="smoke", time_fn=fake_time)
     assert found.formats()[0] == "fp32" and {"memory", "per op"} <= set(found.rows)
-    assert found.rate() == pytest.approx(2 * ceilings.SMOKE_MATMUL_N**3 / 0.0105)
-    assert found.per_op == pytest.approx(0.0105 / ceilings.LOOP_OPS)
+    assert found.rate() == pytest.approx(2 * ceilings.SMOKE_MATMUL_N**3 / 0.01)
+    assert found.per_op == pytest.approx(0.01 / ceilings.LOOP_OPS)
     assert all(t == ceilings.SECONDS["smoke"] for t in calls) and len(calls) == len(found.rows)
+
+
+def test_a_noisy_ceiling_is_remeasured_and_one_that_stays_noisy_is_not_saved(tmp_path, monkeypatch):
+    monkeypatch.setenv(config.BUILD_ENV, str(tmp_path))
+    steady, busy = [0.01, 0.011, 0.0105, 0.01], [0.01, 0.03, 0.01, 0.01]  # spreads 1.1x and 3x
+
+    seen = []
+
+    def settles(fn, min_run_time):  # noisy on each ceiling's first measurement, steady on the second
+        seen.append(fn)
+        return steady if seen.count(fn) > 1 else busy
+
+    found = ceilings.measure("cpu", size="smoke", time_fn=settles)
+    assert not found.noisy() and found.rate() == pytest.approx(2 * ceilings.SMOKE_MATMUL_N**3 / 0.01)
+    assert ceilings.save(found).exists()
+    calls = []
+    stays = ceilings.measure("cpu", size="smoke", time_fn=lambda fn, min_run_time: calls.append(fn) or busy)
+    assert len(calls) == (ceilings.RETRIES + 1) * len(stays.rows)  # every ceiling retried, then kept flagged
+    assert set(stays.noisy()) == set(stays.rows) and all("NOISY" in line for line in stays.lines()[1:])
+    with pytest.raises(ceilings.NoisyCeilings, match="competing for the cores"):
+        ceilings.save(stays)
+    saved = json.loads(ceilings.path("cpu").read_text())["rows"]["memory"]["values"]
+    assert saved == list(found.rows["memory"].values)  # the steady save stands
+
+
+def test_load_returns_noisy_figures_unsaved_and_says_why(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(config.BUILD_ENV, str(tmp_path))
+    monkeypatch.setenv(config.SIZE_ENV, "full")
+    busy = fake_ceilings()
+    busy.rows["memory"] = ceilings.summarise("memory", "memory", 1e9, [0.1, 0.3, 0.1, 0.1])
+    monkeypatch.setattr(ceilings, "measure", lambda device: busy)
+    assert ceilings.load("cpu").bandwidth == pytest.approx(1e10)  # this run's best block, flagged
+    assert not ceilings.path("cpu").exists() and "Not saving" in capsys.readouterr().out
 
 
 def test_saved_ceilings_are_reused_and_remeasured_when_stale(tmp_path, monkeypatch, capsys):
