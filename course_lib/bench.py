@@ -130,7 +130,9 @@ def saved_bytes_peak(step: Callable[[], object]) -> int:
 
 
 MAX_COLUMNS = 6  # a table a reader takes in at a glance; more fields go under it or into a second table
-SHOWN = ["name", "images_per_s", "step_ms", "peak_mem_mb", "data_wait"]  # default columns (+ speedup where present)
+#: default columns (+ speedup where present); peak_mem_mb only for rows measured on a GPU (on a CPU it is the process's
+#: resident memory, which says little about one configuration), data_wait where a lesson asks for it (03 teaches it)
+SHOWN = ["name", "images_per_s", "step_ms", "peak_mem_mb"]
 SHARED = ["steps", "batch_size", "precision", "device", "repeats"]  # settings named once under the table when equal
 
 
@@ -154,7 +156,9 @@ def _cell(row: dict, col: str) -> str:
 def table(rows: list[dict], fields: list[str] | None = None) -> str:
     """A markdown table of result rows (at most MAX_COLUMNS fields, default SHOWN), images/s with its range, and
     under it the settings every row shares, the hardware and the size."""
-    cols = list(fields) if fields else [c for c in SHOWN + ["speedup"] if c in rows[0]]
+    on_gpu = any(str(r.get("device", "")).startswith("cuda") for r in rows)
+    cols = list(fields) if fields else [c for c in SHOWN + ["speedup"] if c in rows[0]
+                                         and (c != "peak_mem_mb" or on_gpu)]
     cols = [c for c in cols if c not in ("images_per_s_min", "images_per_s_max")]  # shown in images_per_s's cell
     if len(cols) > MAX_COLUMNS:
         raise ValueError(f"bench.table: {len(cols)} columns {cols}; pass at most {MAX_COLUMNS} fields "

@@ -168,3 +168,18 @@ def test_in_house_words_are_linked_to_the_glossary_at_first_use(path):
     found += [f"cell {i}: {m.group(0)!r} (say 'blog post')" for i, src in cells
               for m in re.finditer(r"\barticles?\b", src, re.I)]
     assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=[p.stem for p in LESSONS])
+def test_printed_outputs_use_only_words_the_lesson_defines(path):
+    """A glossary term in a lesson's committed output appears only where the lesson's markdown links its entry, and no
+    output calls the blog posts 'articles' (the words a reader sees printed, not only the prose)."""
+    from test_notebook_outputs import output_texts
+
+    prose = "\n".join(src for _, src in markdown_cells(path))
+    found = [f"cell {i}: {m.group(0)!r} printed, but the lesson never links {GLOSSARY_LINK}{anchor}"
+             for i, text in output_texts(path) for anchor, pattern in GLOSSARY_TERMS.items()
+             for m in [pattern.search(text)] if m and GLOSSARY_LINK + anchor not in prose]
+    found += [f"cell {i}: {m.group(0)!r} printed (say 'blog post')" for i, text in output_texts(path)
+              for m in re.finditer(r"\barticles?\b", text, re.I)]
+    assert not found, "\n".join(found)

@@ -369,3 +369,13 @@ def test_show_renders_a_table_in_ipython_and_prints_it_elsewhere(monkeypatch, ca
     monkeypatch.delattr(bench.builtins, "display")
     bench.show(rows, ["name", "images_per_s"])
     assert capsys.readouterr().out.startswith("| name | images_per_s |")
+
+
+def test_default_columns_show_memory_only_for_gpu_rows():
+    """bench.table's default columns: peak_mem_mb where the rows ran on a GPU (on a CPU it is the process's resident
+    memory), and data_wait only where a lesson names it."""
+    row = {"name": "a", "images_per_s": 100.0, "step_ms": 5.0, "peak_mem_mb": 900.0, "data_wait": 0.1}
+    cpu = bench.table([{**row, "device": "cpu"}]).splitlines()[0]
+    gpu = bench.table([{**row, "device": "cuda:0"}]).splitlines()[0]
+    assert "peak_mem_mb" not in cpu and "peak_mem_mb" in gpu and "data_wait" not in cpu + gpu
+    assert "data_wait" in bench.table([row], ["name", "data_wait"])
