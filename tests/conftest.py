@@ -218,6 +218,19 @@ def locate_cifar_folder(source: str | None, data_root: Path, mirror_url: str | N
         raise DataUnavailable(f"The tests need real CIFAR-10 images. {err}") from err
 
 
+def run_main(capsys, *args: str) -> tuple[int, str, str]:
+    """course_lib.cli.main(args) in this process: its exit code (0 when it returns) and its output."""
+    from course_lib.cli import main
+
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as stop:
+        code = stop.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
 @pytest.fixture
 def hardware_class(monkeypatch):
     """The one seam for the hardware in tests: hardware_class("cpu-avx2") makes every hardware decision, in this test

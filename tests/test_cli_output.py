@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
+from conftest import run_main
 from lightning.pytorch.loggers import CSVLogger
 
 from course_lib import hardware, runfolder
@@ -48,17 +49,6 @@ def course_env(tiny_folder, tmp_path, monkeypatch):
     monkeypatch.setenv("COURSE_BUILD", str(tmp_path / "build"))
     monkeypatch.delenv("COURSE_DEBUG", raising=False)
     return tmp_path / "build"
-
-
-def run_main(capsys, *args: str) -> tuple[int, str, str]:
-    """main(args) in this process: its exit code (0 when it returns) and its output."""
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as stop:
-        code = stop.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def finite(path: Path) -> bool:

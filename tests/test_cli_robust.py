@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import run_main
 
 from course_lib.cli import main
 from course_lib.data import CIFAR10DataModule
@@ -181,17 +182,6 @@ def trained(runs, monkeypatch):
     monkeypatch.setenv("COURSE_BUILD", str(build))
     monkeypatch.setenv("COURSE_DATA_ROOT", str(runs["data"]))
     return ckpt_dir(build) / "last.ckpt"
-
-
-def run_main(capsys, *args: str) -> tuple[int, str, str]:
-    """main(args) in this process: its exit code (0 when it returns) and its output."""
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as stop:
-        code = stop.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_predict_writes_a_csv_in_the_run_folder_and_says_where(trained, tiny_folder, monkeypatch, capsys):

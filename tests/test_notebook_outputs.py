@@ -56,7 +56,8 @@ VERDICT = re.compile(r"x (faster|slower) than|no difference|no practical differe
                      r"pt (higher|lower) than|(meets|misses) the target|too few (rounds|runs) to judge")
 # a line course_lib.verdict's compare, difference or paired_accuracy printed: read at a glance, at most 120 characters
 VERDICT_LINE = re.compile(r"\((sure: \d[\d,]* of \d|sure: outside ± )|: no (practical )?difference \(|"
-                          r"too few (rounds|runs) to judge \(|no difference beyond the spread|\(\d\d % interval ")
+                          r"too few (rounds|runs) to judge \(|no difference beyond the spread|\(\d\d % interval |"
+                          r"\d\.\d\dx (faster|slower)\b|\bit was (faster|slower|not called)")  # ratios and verdicts
 MEASURED = [p for p in NOTEBOOKS if p.stem[:2] in {f"{n:02d}" for n in range(1, 9)}]
 
 
