@@ -14,13 +14,12 @@ from pathlib import Path
 
 import torch
 
+from . import machines
 from .errors import CourseError
 from .machines import CLASSES, CPU_CLASSES, GPU_CLASSES, HARDWARE_ENV, HardwareClass, emulated  # noqa: F401
 
 CPUINFO = Path("/proc/cpuinfo")
-#: CPU instruction sets that compute bf16 natively (x86 AVX-512 bf16 dot products, AMX bf16 tiles, Arm's bf16
-#: extension); without one, CPU autocast converts bf16 to fp32 around every product and bf16-mixed runs slower
-CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+CPU_BF16_FLAGS = machines.CPU_BF16_FLAGS  # native bf16 (its home: machines, which decides the classes by it)
 #: one-instruction int8 dot products (AVX-512 VNNI, AVX-VNNI, AMX int8): without them oneDNN's int8 kernels add
 #: pairs of products in 16 bits, which saturate with full-range activations
 CPU_INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
@@ -58,7 +57,7 @@ def own_cpu_flags() -> frozenset[str]:
 
 def cpu_bf16_native() -> bool:
     """Whether this CPU computes bf16 natively (one of CPU_BF16_FLAGS)."""
-    return bool(cpu_flags() & set(CPU_BF16_FLAGS))
+    return machines.native_bf16(cpu_flags())
 
 
 def cpu_int8_native() -> bool:

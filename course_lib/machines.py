@@ -63,9 +63,14 @@ def emulated() -> HardwareClass | None:
     return CLASSES[name]
 
 
+#: CPU instruction sets that compute bf16 natively (x86 AVX-512 bf16 dot products, AMX bf16 tiles, Arm's bf16
+#: extension); without one, CPU autocast converts bf16 to fp32 around every product and bf16-mixed runs slower
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+
+
 def native_bf16(flags: frozenset[str]) -> bool:
-    """Whether these instruction sets compute bf16 natively (AVX512_BF16, AMX, Arm's bf16)."""
-    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+    """Whether these instruction sets compute bf16 natively (one of CPU_BF16_FLAGS)."""
+    return bool(flags & set(CPU_BF16_FLAGS))
 
 
 def own_class(flags: frozenset[str]) -> str:
