@@ -3,7 +3,6 @@ one line saying why when damaged or stale, the file it supersedes removed."""
 from __future__ import annotations
 
 import hashlib
-import os
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +11,7 @@ import torch
 
 from . import config
 from .errors import CourseError, NotAFolderError
+from .files import atomic_file
 
 CACHE_SAMPLE = 64  # files whose bytes go into the cache key, evenly spread (every file's size and mtime go in too)
 
@@ -92,10 +92,9 @@ def cached_split(split_dir: Path, files: list[Path], cache_dir: Path, build: Cal
     else:
         print(f"Decoding {len(files)} images from {split_dir} once into {cache} ...", flush=True)
     data = build()
-    tmp = cache.with_suffix(f".tmp{os.getpid()}")
     try:
-        torch.save({**data, "checksum": checksum(data)}, tmp)
-        tmp.replace(cache)  # atomic: a crash never leaves a half-written cache
+        with atomic_file(cache, "wb") as f:  # a crash never leaves a half-written cache
+            torch.save({**data, "checksum": checksum(data)}, f)
     except OSError as err:  # the folder exists but is not writable
         raise CourseError(f"Cannot write the cache {cache} ({err.strerror or err}). Make {cache.parent} writable, "
                           f"or point {config.DATA_ROOT_ENV} at a folder you can write to.") from err

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import torch
 
 from . import hardware
 from .errors import CourseError, MissingPathError
+from .files import atomic_file
 
 #: The course repository (a placeholder until it is published: change it here, then wherever the tests point).
 #: Every lesson's install cell and the README's Colab links must use this exact URL (tested).
@@ -230,12 +230,10 @@ def unwritable(folder: Path, err: OSError, variable: str = BUILD_ENV) -> CourseE
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """Write a text file through a temporary file beside it and os.replace; OS errors name the folder."""
+    """Write a text file whole (files.atomic_file); OS errors name the folder."""
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", newline="") as f:
+        with atomic_file(path) as f:
             f.write(text)
-        os.replace(tmp, path)
     except OSError as err:
         raise unwritable(path.parent, err) from None
 

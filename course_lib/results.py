@@ -48,6 +48,13 @@ def read_rows(path: str | Path) -> list[dict]:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
 
 
+def markdown_table(header: list, rows: list[list]) -> list[str]:
+    """The lines of a markdown table, the one writer of them: header, rule, a line per row; each cell as text on one
+    line, its pipes escaped."""
+    cells = lambda row: " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in row)  # noqa: E731
+    return [f"| {cells(header)} |", "|" + "---|" * len(header), *[f"| {cells(r)} |" for r in rows]]
+
+
 def block_markers(name: str) -> tuple[str, str]:
     """The two comment lines that enclose a generated block of a markdown file (invisible when rendered)."""
     return f"<!-- {name}: start (generated; do not edit by hand) -->", f"<!-- {name}: end -->"

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from filelock import FileLock, Timeout
 from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -24,12 +25,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from . import config
 from .divergence import StopOnDivergence
 from .errors import CourseError, DivergedError, WriteError
-
-try:  # POSIX; Windows locks through msvcrt instead
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None
-    import msvcrt
+from .files import atomic_file
 
 LOCK_NAME = ".run.lock"  # in the run folder; its text names the process that holds it
 SPLIT_KEYS = ("seed", "val_fraction", "test_fraction", "subset", "eval_subset")  # what decides the held-out images
@@ -56,68 +52,58 @@ def launched_rank_zero() -> bool:
 
 
 class RunLock:
-    """An exclusive lock on a run folder, held while the process lives (the OS drops it even on SIGKILL); a second
-    run of the same folder is refused with the holder's pid and command."""
+    """An exclusive lock on a run folder (filelock's FileLock: flock, which the OS drops even on SIGKILL), held while
+    the process lives; a second run of the same folder is refused with the holder's pid and command, which the
+    holder writes into the lock file."""
 
     def __init__(self, folder: Path):
-        self.folder, self._file = Path(folder), None
+        self.folder, self._lock = Path(folder), None
 
     def acquire(self) -> RunLock:
+        path = self.folder / LOCK_NAME
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            handle = open(self.folder / LOCK_NAME, "a+")  # noqa: SIM115 - kept open: the lock lives with it
+            lock = FileLock(path, timeout=0)
+            lock.acquire()
+        except Timeout:
+            holder = path.read_text().strip() if path.is_file() else ""
+            raise CourseError(f"{self.folder} is in use by a running fit: {holder or 'another process (starting up)'}"
+                              f". Wait for it to end or stop it, or start this one with --run_name <another name>."
+                              ) from None
         except OSError as err:
             raise config.unwritable(self.folder, err) from None
-        try:
-            if fcntl:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            else:  # pragma: no cover - Windows
-                msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK, 1)
-        except OSError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process (starting up)"
-            handle.close()
-            raise CourseError(f"{self.folder} is in use by a running fit: {holder}. Wait for it to end or stop it, "
-                              f"or start this one with --run_name <another name>.") from None
-        handle.seek(0)
-        handle.truncate()
         command = [sys.executable, "-m", "course_lib", *sys.argv[1:]] if sys.argv[0].endswith("__main__.py") \
             else sys.argv
-        handle.write(f"pid {os.getpid()}, command {shlex.join(command)}\n")
-        handle.flush()
-        self._file = handle
+        path.write_text(f"pid {os.getpid()}, command {shlex.join(command)}\n")  # the lock is the inode's, kept
+        self._lock = lock
         return self
 
     def release(self) -> None:
-        if self._file is not None:
-            self._file.close()  # closing drops the lock
-            self._file = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """torch.save into a temporary file in the checkpoint's own folder, flushed to disk, then os.replace: a process
-    killed at any instant leaves the previous checkpoint or the new one, never half a file. (Lightning's own save
-    goes through a temporary file in the system's temp folder, which is a copy, not a rename, across disks.)"""
+    """torch.save through files.atomic_file (a temporary file in the checkpoint's own folder, flushed, renamed): a
+    process killed at any instant leaves the previous checkpoint or the new one, never half a file. (Lightning's own
+    save goes through a temporary file in the system's temp folder, which is a copy, not a rename, across disks.)"""
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         """Write `checkpoint` to `path` atomically; a write the OS or torch's zip writer refuses (a full disk: torch
         reports it as '[enforce fail at inline_container.cc] unexpected pos') is one WriteError naming the file, the
         size needed and COURSE_BUILD; any other RuntimeError of torch.save keeps its traceback."""
-        path = Path(path)
+        path, opened = Path(path), False
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        except OSError as err:
-            raise (not_written(path, err) if err.errno in DISK_FULL else config.unwritable(path.parent, err)) from None
-        try:
-            with os.fdopen(fd, "wb") as f:
+            with atomic_file(path, "wb") as f:
+                opened = True  # from here on an OSError is the write's, not the folder's
                 torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException as err:
-            Path(tmp).unlink(missing_ok=True)
-            if isinstance(err, OSError) or isinstance(err, RuntimeError) and "inline_container" in str(err):
+        except (OSError, RuntimeError) as err:
+            if isinstance(err, OSError) and not opened:
+                raise (not_written(path, err) if err.errno in DISK_FULL else config.unwritable(path.parent, err)) \
+                    from None
+            if isinstance(err, OSError) or "inline_container" in str(err):
                 raise not_written(path, err, tensor_bytes(checkpoint), path.parent / "last.ckpt") from None
             raise
 

@@ -20,8 +20,8 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # terminal colour and cursor co
 
 
 def plain(text: str) -> str:
-    """Text without terminal codes, and with table pipes escaped, fit for a markdown table cell."""
-    return ANSI.sub("", text).replace("|", "\\|")
+    """Text without terminal codes (results.markdown_table escapes a cell's pipes)."""
+    return ANSI.sub("", text)
 
 
 def lesson_paths(folder: Path) -> list[Path]:
@@ -61,16 +61,17 @@ def run_lesson(path: Path, out_dir: Path, inplace: bool, timeout: int) -> dict:
 
 def summary_markdown(rows: list[dict], size: str, machine: str) -> str:
     """The course summary: per lesson pass/fail, wall time and the figures it measured."""
-    lines = [f"# Course run: size {size}, {time.strftime('%Y-%m-%d %H:%M')}", "", f"Hardware: {machine}", "",
-             "| lesson | result | wall time | figures measured |", "|---|---|---|---|"]
+    table = []
     for r in rows:
         figs = "; ".join(f"{f['name']} = {f['value']:.4g}{(' ' + f['unit']) if f['unit'] else ''}"
                          for f in r["figures"]) or "-"
         status = "pass" if r["ok"] else f"FAIL: {plain(r['error'] or '')}"
         if r.get("earlier"):
             status += f" (earlier run, {r['earlier']})"
-        lines.append(f"| {r['lesson']} | {status} | {r['seconds']:.0f} s | {figs} |")
-    return "\n".join(lines) + "\n"
+        table.append([r["lesson"], status, f"{r['seconds']:.0f} s", figs])
+    head = [f"# Course run: size {size}, {time.strftime('%Y-%m-%d %H:%M')}", "", f"Hardware: {machine}", ""]
+    return "\n".join(head + results.markdown_table(["lesson", "result", "wall time", "figures measured"], table)) \
+        + "\n"
 
 
 def merge_rows(previous: dict | None, rows: list[dict], size: str, machine: str) -> list[dict]:

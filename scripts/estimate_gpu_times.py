@@ -386,8 +386,8 @@ README_BLOCK = "gpu-estimates"  # the README's marked block (results.block_marke
 
 def readme_table(cells: dict) -> list[str]:
     """The README's estimate table, the one generator of its lines: per lesson, the T4 and H100 ranges."""
-    return ["| lesson | " + " | ".join(f"{g} (estimate)" for g in GPUS) + " |", "|---" * (1 + len(GPUS)) + "|",
-            *[f"| {lesson} | " + " | ".join(cells[lesson]) + " |" for lesson in LESSONS]]
+    return results.markdown_table(["lesson", *(f"{g} (estimate)" for g in GPUS)],
+                                  [[lesson, *cells[lesson]] for lesson in LESSONS])
 
 
 def report(result: dict) -> str:

@@ -44,4 +44,6 @@ def test_one_lesson_run_keeps_the_other_rows(fake_lessons):
 
 
 def test_error_cells_escape_table_pipes():
-    assert runner.plain("a | b\x1b[1m") == "a \\| b"
+    assert runner.plain("a | b\x1b[1m") == "a | b"
+    rows = [{"lesson": "01_x", "ok": False, "seconds": 1.0, "error": "a | b\nc", "figures": []}]
+    assert "| 01_x | FAIL: a \\| b c | 1 s | - |" in runner.summary_markdown(rows, "smoke", "CPU")
