@@ -200,15 +200,12 @@ class CourseCLI(LightningCLI):
 
     @staticmethod
     def _checked_precision(precision, accelerator):
-        """An explicit precision goes through the course's policy (hardware.choose_precision): one this hardware lacks
-        is an error naming the alternative, never Lightning's silent fallback (16-mixed on a CPU runs bf16)."""
-        name = hardware.precision_name(precision)  # Lightning's short names too
-        if precision is None or name not in hardware.PRECISIONS:
-            return precision  # Lightning's default (32-true), or a setting the policy does not cover (64-true, ...)
-        info = hardware.facts()
-        if str(accelerator).lower() == "cpu":
-            info = {**info, "gpu": None}  # a CPU run on a GPU machine follows the CPU's rules
-        return hardware.choose_precision(name, info)
+        """--trainer.precision through the one decision (hardware.choose_precision): unset, the hardware's policy, as at
+        every entry point; one this hardware lacks is an error naming the alternative, never Lightning's silent
+        fallback (16-mixed on a CPU runs bf16)."""
+        if precision is not None and hardware.precision_name(precision) not in hardware.PRECISIONS:
+            return precision  # a setting the policy does not cover (64-true, ...): Lightning's own
+        return hardware.choose_precision(precision, accelerator=accelerator)
 
     def before_instantiate_classes(self) -> None:
         """Check the devices and precision against this machine, and point the outputs at the run folder."""

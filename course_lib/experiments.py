@@ -124,9 +124,10 @@ def compare_twin(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, run: S
 def flop_summary(*, widths: tuple[int, int, int], batch_size: int, steps: int, epoch_s: float,
                  info: dict | None = None) -> dict:
     """FLOPs of one training epoch, the rate achieved in `epoch_s`, and its fraction of the device's listed peak in
-    the precision the policy trains in (bf16 where native, else fp16 on a GPU)."""
+    the number format the policy trains in (hardware.choose_precision: bf16 where native, else fp16 on a GPU, fp32 on
+    a CPU)."""
     step_flops = flops.train_step_flops(AirNet(widths), batch_size) * steps
-    precision = "fp16" if hardware.choose_precision(info=info) == "16-mixed" else "bf16"  # what the policy trains in
+    precision = hardware.number_format(hardware.choose_precision(info=info))  # the format the policy trains in
     rate = flops.achieved(step_flops, epoch_s, info, precision)
     peak = (f"{rate['fraction_of_peak']:.1%} of the {rate['peak_text']}" if rate["peak_tflops"] else rate["peak_text"])
     text = f"{step_flops / 1e12:.3g} TFLOP per epoch in {epoch_s:.3g} s: {rate['tflops']:.3g} TFLOP/s, {peak}"

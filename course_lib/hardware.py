@@ -180,16 +180,17 @@ def number_format(precision: str) -> str:
     return PRECISION_FORMATS[precision_name(precision)][2]
 
 
-def choose_precision(requested: str | None = None, info: dict | None = None) -> str:
-    """Lightning precision for this hardware: bf16-mixed where bf16 is native, else 16-mixed on a GPU, 32-true on a CPU.
-
-    Native bf16: a GPU of compute capability 8.0 or newer (info["bf16_native"]), or a CPU with one of
-    CPU_BF16_FLAGS (info["cpu_bf16_native"]; a missing fact counts as not native). An explicit request the
-    hardware lacks raises a ValueError that names the alternative; nothing falls back silently. An explicit
-    bf16-mixed on a CPU without native bf16 is honoured: it runs (emulated, usually slower than fp32), which is what
-    lesson 04 measures."""
+def choose_precision(requested: str | None = None, info: dict | None = None, accelerator: str | None = None) -> str:
+    """The one decision of the training precision, called by every entry point (runs.trainer, the CLI, the speedrun's
+    Trainer and twin, the FLOP summary) with one default: None is the policy, bf16-mixed where bf16 is native (a GPU
+    of compute capability 8.0+, info["bf16_native"], or a CPU with one of CPU_BF16_FLAGS, info["cpu_bf16_native"]),
+    else 16-mixed on a GPU, 32-true on a CPU. Short names ("bf16") are accepted; accelerator "cpu" applies a CPU's
+    rules on a GPU machine. A request the hardware lacks raises, naming the alternative (no silent fallback); an
+    explicit bf16-mixed on a CPU without native bf16 runs emulated, which is what lesson 04 measures."""
     info = info or facts()
-    gpu = info.get("gpu")
+    if str(accelerator).lower() == "cpu":
+        info = {**info, "gpu": None}
+    gpu, requested = info.get("gpu"), None if requested is None else precision_name(requested)
     native_bf16 = info.get("bf16_native", False) if gpu else info.get("cpu_bf16_native", False)
     if requested is None:
         return "bf16-mixed" if native_bf16 else "16-mixed" if gpu else "32-true"

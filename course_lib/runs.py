@@ -36,23 +36,23 @@ def datamodule(lesson: str | None = None, kind: str = "loader", **overrides) -> 
     return DATAMODULES[kind](**data_kwargs(lesson, **overrides))
 
 
-def trainer_kwargs(lesson: str | None = None, precision: str | None = "32-true", timing: bool = False,
+def trainer_kwargs(lesson: str | None = None, precision: str | None = None, timing: bool = False,
                    **overrides) -> dict:
-    """Trainer arguments: the run size's epochs, a precision checked against this hardware (None: the policy's
-    choice, hardware.choose_precision), no progress bar or model summary; timing=True adds TIMING.
+    """Trainer arguments: the run size's epochs, the precision of hardware.choose_precision (the one decision; None:
+    the hardware's policy, as everywhere), no progress bar or model summary; timing=True adds TIMING.
 
     16-mixed on a CPU (the policy's choice for a GPU without bf16, emulated on a CPU by the tests) is passed as
     Lightning's fp16 plugin with a GradScaler("cpu"): given by name, Lightning would quietly run bf16-mixed there."""
     base = {"max_epochs": config.run_size(lesson).epochs, "accelerator": "auto", "devices": 1,
-            "precision": hardware.choose_precision(precision), "enable_progress_bar": False,
-            "enable_model_summary": False}
+            "enable_progress_bar": False, "enable_model_summary": False}
     kwargs = {**base, **(TIMING if timing else {}), **overrides}
+    kwargs["precision"] = hardware.choose_precision(precision, accelerator=kwargs["accelerator"])
     if kwargs["precision"] == "16-mixed" and (kwargs["accelerator"] == "cpu" or hardware.gpu_count() == 0):
         kwargs.update(precision=None, plugins=[*kwargs.get("plugins", []), MixedPrecision("16-mixed", "cpu")])
     return kwargs
 
 
-def trainer(lesson: str | None = None, precision: str | None = "32-true", timing: bool = False,
+def trainer(lesson: str | None = None, precision: str | None = None, timing: bool = False,
             **overrides) -> L.Trainer:
     """A Trainer built from trainer_kwargs."""
     return L.Trainer(**trainer_kwargs(lesson, precision, timing, **overrides))

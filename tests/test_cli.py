@@ -174,11 +174,17 @@ def test_16_mixed_on_a_cpu_is_an_error_not_a_silent_bf16_run(capsys):
 
 
 def test_precision_the_cpu_has_passes_through():
-    """32-true (and its short name 32) pass the policy unchanged on any machine."""
+    """32-true (and its short name 32) pass the policy unchanged on any machine; unset is the policy's choice, the
+    default of every entry point; a setting the policy does not cover is Lightning's."""
+    from course_lib import hardware, runs
     from course_lib.cli import CourseCLI
 
     assert CourseCLI._checked_precision("32", "cpu") == "32-true"
-    assert CourseCLI._checked_precision(None, "auto") is None
+    policy = hardware.choose_precision()
+    assert CourseCLI._checked_precision(None, "auto") == policy
+    assert runs.trainer_kwargs()["precision"] in (policy, None)  # None: 16-mixed as the CPU's fp16 plugin
+    assert CourseCLI._checked_precision(None, "cpu") == hardware.choose_precision(accelerator="cpu")
+    assert CourseCLI._checked_precision("64-true", "cpu") == "64-true"
 
 
 def test_yaml_syntax_error_names_the_file_and_line(tmp_path, capsys):

@@ -202,11 +202,11 @@ def test_whitening_bias_trains_for_its_epochs_then_freezes_and_a_new_fit_trains_
 def test_flop_summary_counts_an_epoch_and_compares_with_the_policys_precision():
     """An airbench94-sized epoch (48 steps of 1024) is about 35 TFLOP (counted by torch's FLOP counter); the peak it
     is compared with is the one of the precision the policy trains in: fp16 on a T4 (which lists no bf16 peak), bf16
-    on an A100; on a CPU none, said in words."""
+    on an A100; on a CPU (fp32 without native bf16) none, said in words."""
     full = experiments.flop_summary(widths=WIDTHS, batch_size=1024, steps=50_000 // 1024, epoch_s=1.0,
                                     info={"gpu": None})
     assert 30 < full["tflop_per_epoch"] < 40 and full["tflops"] == pytest.approx(full["tflop_per_epoch"])
-    assert full["fraction_of_peak"] is None and "no bf16 peak known for this CPU" in full["text"]
+    assert full["fraction_of_peak"] is None and "no fp32 peak known for this CPU" in full["text"]  # it trains fp32
     t4 = {"gpu": "Tesla T4", "bf16_native": False, "compute_capability": "7.5"}
     a100 = {"gpu": "NVIDIA A100-SXM4-80GB", "bf16_native": True, "compute_capability": "8.0"}
     for info, precision in ((t4, "fp16"), (a100, "bf16")):
