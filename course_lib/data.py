@@ -2,6 +2,8 @@
 and the crop+flip augmentation."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
@@ -90,6 +92,47 @@ def split_indices(n: int, fractions: list[float], seed: int) -> list[torch.Tenso
     return [torch.tensor(part.indices, dtype=torch.long) for part in parts]
 
 
+@dataclass(frozen=True)
+class Split:
+    """One split: images (N, 3, H, W) uint8, labels (N,), and each image's position in its source (its file name)."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    index: torch.Tensor
+
+    @classmethod
+    def whole(cls, data: dict) -> Split:
+        """A source's loaded split ({'images', 'labels', ...}), every image in its order."""
+        return cls(data["images"], data["labels"], torch.arange(len(data["labels"])))
+
+    def take(self, i: torch.Tensor) -> Split:
+        """The images at positions i, keeping where each came from."""
+        return Split(self.images[i], self.labels[i], self.index[i])
+
+
+def carve_splits(train: Split, val: Split | None, test: Split | None, *, val_fraction: float, test_fraction: float,
+                 seed: int) -> tuple[Split, Split, Split]:
+    """The one carving of (train, val, test): val and test from their own folders where the source has them, else
+    seeded random parts of train (split_indices); the rest trains. Pure: the same arguments give the same splits."""
+    carve = ([val_fraction] if val is None else []) + ([test_fraction] if test is None else [])
+    parts = split_indices(len(train.labels), carve, seed) if carve else [torch.arange(len(train.labels))]
+    val = val if val is not None else train.take(parts.pop(0))
+    test = test if test is not None else train.take(parts.pop(0))
+    return train.take(parts.pop(0)), val, test
+
+
+def relabel(data: dict, classes: list[str], refusal: Callable[[list[str]], str]) -> dict:
+    """A loaded split labelled through `classes` by name (the class remapping, written once; it may lack some); a
+    class that `classes` lacks is a CourseError with the message refusal(those classes)."""
+    if list(data["classes"]) == list(classes):
+        return data
+    unknown = sorted(set(data["classes"]) - set(classes))
+    if unknown:
+        raise CourseError(refusal(unknown))
+    remap = torch.tensor([list(classes).index(c) for c in data["classes"]])
+    return {**data, "labels": remap[data["labels"]], "classes": list(classes)}
+
+
 class CIFAR10DataModule(L.LightningDataModule):
     """CIFAR-10 (torchvision download), any <root>/<split>/<class>/*.jpg folder, or a saved .pt tensor file, chosen
     once here (sources.open_source); seeded splits. Normalised with CIFAR-10's statistics (normalize=False: [0, 1]).
@@ -141,33 +184,26 @@ class CIFAR10DataModule(L.LightningDataModule):
                               f"{hp.image_folder or 'torchvision CIFAR-10'} have {self.classes}, so its labels would "
                               f"be wrong. Point COURSE_DATA (--data.image_folder) at data with the model's classes, "
                               f"or grade a folder of class-named images with --data.test_folder.")
-        val = self._by_name(LOADED.load(self.source, "val"), "val")
-        test = self._by_name(LOADED.load(self.source, "test"), "test")
+        val, test = (self._own_split(split) for split in ("val", "test"))
         test_split = "test" if test is not None else "train"
         self._test_source = (self.source.folder(test_split), test_split)  # the files predict names, if any
-        carve = ([hp.val_fraction] if val is None else []) + ([hp.test_fraction] if test is None else [])
-        parts = split_indices(len(train["labels"]), carve, hp.seed) if carve else [torch.arange(len(train["labels"]))]
-        take = lambda d, i: {"images": d["images"][i], "labels": d["labels"][i], "index": i}  # noqa: E731
-        val = val if val is not None else take(train, parts.pop(0))
-        test = test if test is not None else take(train, parts.pop(0))
-        train = take(train, parts.pop(0))
+        train, val, test = carve_splits(Split.whole(train), val, test, val_fraction=hp.val_fraction,
+                                        test_fraction=hp.test_fraction, seed=hp.seed)
         if hp.test_folder:
             test, self._test_source = self._foreign_test(hp.test_folder), (self._test_folder(), "test_folder")
         self.train_set = self._dataset(train, hp.subset, augment=hp.augment)
         self.val_set = self._dataset(val, hp.eval_subset)
         self.test_set = self._dataset(test, hp.eval_subset)
 
-    def _by_name(self, d: dict | None, split: str) -> dict | None:
-        """A val/test split read from its own folder, labelled through the training classes by name (it may lack some:
-        its indices would shift); a class that train/ lacks is refused."""
-        if d is None or list(d["classes"]) == list(self.classes):
-            return d
-        unknown = sorted(set(d["classes"]) - set(self.classes))
-        if unknown:
-            raise CourseError(f"{Path(self.hparams.image_folder) / split} has classes {unknown} that its train/ "
-                              f"lacks ({self.classes}). Give both splits the same class folders.")
-        remap = torch.tensor([self.classes.index(c) for c in d["classes"]])
-        return {**d, "labels": remap[d["labels"]], "classes": list(self.classes)}
+    def _own_split(self, split: str) -> Split | None:
+        """A val/test split read from the source's own folder (None where it has none), labelled through the training
+        classes by name."""
+        data = LOADED.load(self.source, split)
+        if data is None:
+            return None
+        return Split.whole(relabel(data, self.classes, lambda unknown: f"{Path(self.hparams.image_folder) / split} "
+                                   f"has classes {unknown} that its train/ lacks ({self.classes}). Give both splits "
+                                   f"the same class folders."))
 
     def test_names(self) -> list[str]:
         """Where each test image comes from, in the test set's order: its file, or <split>[i] without files."""
@@ -193,23 +229,18 @@ class CIFAR10DataModule(L.LightningDataModule):
                               f"{heads} class names with --model.classes.")
         return list(classes) if classes else None
 
-    def _foreign_test(self, folder: str) -> dict:
+    def _foreign_test(self, folder: str) -> Split:
         """A <folder>/<class>/*.jpg test set whose class names are mapped onto the model's classes (self.classes)."""
         data = load_image_folder(self._test_folder(), self.data_dir / "cache")
-        unknown = sorted(set(data["classes"]) - set(self.classes))
-        if unknown:
-            raise CourseError(f"Test folder {folder} has classes {unknown} that the model was not trained on; "
-                              f"rename them to some of {self.classes}.")
-        remap = torch.tensor([self.classes.index(c) for c in data["classes"]])
-        return {"images": data["images"], "labels": remap[data["labels"]]}
+        return Split.whole(relabel(data, self.classes, lambda unknown: f"Test folder {folder} has classes {unknown} "
+                                   f"that the model was not trained on; rename them to some of {self.classes}."))
 
-    def _dataset(self, d: dict, subset: int | None, augment: bool = False) -> ImageTensorDataset:
+    def _dataset(self, split: Split, subset: int | None, augment: bool = False) -> ImageTensorDataset:
         """Wrap a split, keeping a seeded random subset of it for small runs."""
-        images, labels, index = d["images"], d["labels"], d.get("index", torch.arange(len(d["labels"])))
-        if subset is not None and subset < len(labels):
-            keep = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.hparams.seed))[:subset]
-            images, labels, index = images[keep], labels[keep], index[keep]
-        return ImageTensorDataset(images, labels, *self.normalisation(), augment, index=index)
+        if subset is not None and subset < len(split.labels):
+            split = split.take(torch.randperm(len(split.labels),
+                                              generator=torch.Generator().manual_seed(self.hparams.seed))[:subset])
+        return ImageTensorDataset(split.images, split.labels, *self.normalisation(), augment, index=split.index)
 
     def _loader(self, ds: ImageTensorDataset, train: bool) -> DataLoader:
         hp = self.hparams

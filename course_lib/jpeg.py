@@ -3,6 +3,7 @@ augmented one image at a time by torchvision.transforms.v2 inside a DataLoader, 
 from __future__ import annotations
 
 import copy
+import functools
 import shutil
 from pathlib import Path
 
@@ -16,7 +17,13 @@ from . import config
 from .data import CIFAR10_MEAN, CIFAR10_STD
 from .sources import ImageFolderSource, TensorFileSource, open_source, save_image_folder
 
-_FILE_LISTS: dict = {}  # image folder -> ImageFolder: the 50,000 file names are listed once per process
+
+@functools.lru_cache(maxsize=4)
+def file_list(folder: str) -> datasets.ImageFolder:
+    """<folder>/train's ImageFolder (no transform), listed once per process and folder: lesson 03's ladder builds a
+    DataModule per rung, and scanning 50,000 file names each time would be timed as part of every rung. A folder
+    whose files change within the process is not listed again (file_list.cache_clear())."""
+    return datasets.ImageFolder(f"{folder}/train")
 
 
 def jpeg_folder(source: str | None, data_root: str | Path | None = None, mirror_url: str | None = None) -> Path:
@@ -72,10 +79,7 @@ class JpegDataModule(L.LightningDataModule):
         jpeg_folder(self.source)  # downloads and writes the folder once where there is none
 
     def setup(self, stage: str | None = None) -> None:
-        folder = str(jpeg_folder(self.source))
-        if folder not in _FILE_LISTS:
-            _FILE_LISTS[folder] = datasets.ImageFolder(f"{folder}/train")
-        full = _FILE_LISTS[folder]
+        full = file_list(str(jpeg_folder(self.source)))
         files = copy.copy(full)  # the same file list (no second scan of the folder), this module's transform
         files.transform = per_image_transform()
         keep = torch.randperm(len(full), generator=torch.Generator().manual_seed(self.hparams.seed))

@@ -14,7 +14,10 @@ from course_lib.data import (
     CIFAR10_STD,
     CIFAR10DataModule,
     EpochSampler,
+    Split,
     augment_batch,
+    carve_splits,
+    relabel,
     split_indices,
     to_float,
 )
@@ -118,6 +121,31 @@ def test_split_indices_through_random_split_are_the_former_indices(n, fractions,
     former = torch.split(perm, sizes + [n - sum(sizes)])
     parts = split_indices(n, fractions, seed)
     assert len(parts) == len(former) and all(torch.equal(p, q) for p, q in zip(parts, former))
+
+
+def test_carve_splits_is_pure_and_keeps_each_images_place():
+    """carve_splits: the same arguments give the same splits; val and test are split_indices' parts of train (each
+    image keeping its index in the source), the rest trains; a split the source has of its own is used whole."""
+    data = {"images": torch.arange(100, dtype=torch.uint8).view(100, 1, 1, 1), "labels": torch.arange(100) % 10}
+    train = Split.whole(data)
+    a, b = (carve_splits(train, None, None, val_fraction=0.1, test_fraction=0.2, seed=4) for _ in range(2))
+    assert all(torch.equal(x.index, y.index) for x, y in zip(a, b))
+    val, test, rest = split_indices(100, [0.1, 0.2], seed=4)
+    assert [s.index.tolist() for s in a] == [rest.tolist(), val.tolist(), test.tolist()]
+    assert torch.equal(a[1].images.flatten().long(), a[1].index) and torch.equal(a[1].labels, a[1].index % 10)
+    own = Split.whole({"images": data["images"][:5], "labels": data["labels"][:5]})
+    tr, va, te = carve_splits(train, own, None, val_fraction=0.1, test_fraction=0.2, seed=4)
+    assert va is own and len(te.labels) == 20 and len(tr.labels) == 80
+
+
+def test_relabel_maps_by_name_and_refuses_unknown_classes():
+    """The class remapping, written once: labels follow the names; a class the reference lacks is refused."""
+    data = {"images": torch.zeros(3, 3, 2, 2), "labels": torch.tensor([0, 1, 0]), "classes": ["cat", "ship"]}
+    out = relabel(data, ["airplane", "cat", "ship"], lambda unknown: f"unknown {unknown}")
+    assert out["labels"].tolist() == [1, 2, 1] and out["classes"] == ["airplane", "cat", "ship"]
+    assert relabel(data, ["cat", "ship"], str) is data
+    with pytest.raises(ValueError, match=r"unknown \['ship'\]"):
+        relabel(data, ["airplane", "cat"], lambda unknown: f"unknown {unknown}")
 
 
 def test_split_indices_rejects_impossible_fractions():
