@@ -16,7 +16,6 @@ import functools
 import json
 import math
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,10 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from course_lib import config, flops, hardware, models, results, runner  # the venv's install (make venv): no sys.path
+from course_lib.internals import TorchDispatchMode  # sees every aten op (a private torch name)
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from course_lib import config, flops, hardware, models, results, runner  # noqa: E402
-from course_lib.internals import TorchDispatchMode  # noqa: E402  (sees every aten op; a private torch name)
 
 LESSONS = tuple(path.stem for path in runner.lesson_paths(ROOT / "notebooks"))  # a new lesson needs lesson_items
 IMAGE_FLOATS = 3 * 32 * 32  # one CIFAR-10 image, (3, 32, 32)
