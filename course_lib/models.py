@@ -82,8 +82,9 @@ class ResNet9(nn.Module):
 class ConvGroup(nn.Module):
     """conv3x3 -> maxpool2 -> BN -> GELU -> conv3x3 -> BN -> GELU: (B, c_in, H, W) -> (B, c_out, H//2, W//2)."""
 
-    def __init__(self, c_in: int, c_out: int, bn_momentum: float, bn_eps: float = 1e-12):
+    def __init__(self, c_in: int, c_out: int, bn_momentum: float, bn_eps: float = 1e-12, act=F.gelu):
         super().__init__()
+        self.act = act  # F.gelu (airbench) or F.silu (hiverge's record)
         self.conv1 = nn.Conv2d(c_in, c_out, 3, padding=1, bias=False)  # no bias: BatchNorm supplies one
         self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
         # eps 1e-12 as airbench94 (PyTorch's default is 1e-5): the batch variance alone sets the scale
@@ -95,8 +96,8 @@ class ConvGroup(nn.Module):
             norm.weight.requires_grad_(False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.gelu(self.norm1(F.max_pool2d(self.conv1(x), 2)))
-        return F.gelu(self.norm2(self.conv2(x)))
+        x = self.act(self.norm1(F.max_pool2d(self.conv1(x), 2)))
+        return self.act(self.norm2(self.conv2(x)))
 
 
 class AirNet(nn.Module):
@@ -104,7 +105,7 @@ class AirNet(nn.Module):
     global max pool, linear head with a fixed output scale. bn_momentum is PyTorch's (airbench's 0.6 is 1 - 0.4)."""
 
     def __init__(self, widths: tuple[int, int, int] = WIDTHS, num_classes: int = 10, scale: float = 1 / 9,
-                 bn_momentum: float = 0.4, bn_eps: float = 1e-12):
+                 bn_momentum: float = 0.4, bn_eps: float = 1e-12, activation: str = "gelu"):
         super().__init__()
         if len(widths) != 3 or min(widths) < 1:
             raise ValueError(f"widths must be three positive channel counts, e.g. {WIDTHS}; got {widths}.")
@@ -113,7 +114,8 @@ class AirNet(nn.Module):
         nn.init.zeros_(self.whiten.bias)  # trained from zero for the first epochs (Recipe.whiten_bias_epochs)
         self.register_buffer("whitened", torch.tensor(False))  # saved in checkpoints, so reloads skip the init
         c = [24, *widths]
-        self.groups = nn.Sequential(*(ConvGroup(c[i], c[i + 1], bn_momentum, bn_eps) for i in range(3)))
+        act = {"gelu": F.gelu, "silu": F.silu}[activation]  # the groups'; the whitening's stays GELU (as hiverge)
+        self.groups = nn.Sequential(*(ConvGroup(c[i], c[i + 1], bn_momentum, bn_eps, act) for i in range(3)))
         self.head = nn.Linear(widths[-1], num_classes, bias=False)
         self.scale = scale  # small logits at init: with label smoothing, a calm start for a high learning rate
 

@@ -83,12 +83,15 @@ def make_speedrun_optimizer(net: nn.Module, *, total_steps: int, batch_size: int
 
 def make_muon_speedrun_optimizer(net: nn.Module, *, total_steps: int, whiten_bias_steps: int, batch_size: int,
                                  lr: float, momentum: float, weight_decay: float, bias_scale: float,
-                                 filter_lr: float, filter_momentum: float, dtype: torch.dtype | None = None):
+                                 filter_lr: float, filter_momentum: float, dtype: torch.dtype | None = None,
+                                 **filter_options):
     """airbench94_muon's groups in one muon.Muon: conv filters (4-D, trainable) by Muon at filter_lr; the other
     weights (the head) and BatchNorm biases by Nesterov SGD as make_speedrun_optimizer sets them; net.whiten.bias at
     the biases' LR, decaying to 0 over whiten_bias_steps. Every LR decays linearly to 0 over total_steps, no warm-up.
 
-    filter_lr is not scaled with the batch: the orthogonalised step's size does not depend on the gradient's."""
+    filter_lr is not scaled with the batch: the orthogonalised step's size does not depend on the gradient's.
+    filter_options: more muon.Muon settings for the filters' group (coefficients, batched, normalize_every,
+    filter_decay: hiverge's record)."""
     batchnorms = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
     norm = {id(p) for m in net.modules() if isinstance(m, batchnorms) for p in m.parameters()}
     whiten_bias = net.whiten.bias
@@ -98,11 +101,12 @@ def make_muon_speedrun_optimizer(net: nn.Module, *, total_steps: int, whiten_bia
     others = [p for p in params if p.ndim != 4 and id(p) not in norm and p is not whiten_bias]
     lr, decay = lr * batch_size / 1024, weight_decay * batch_size / 1024  # per image, as make_speedrun_optimizer
     sgd = dict(orthogonalize=False, momentum=momentum)
-    groups = [dict(params=filters, lr=filter_lr, momentum=filter_momentum, weight_decay=0.0, orthogonalize=True),
+    groups = [dict(params=filters, lr=filter_lr, momentum=filter_momentum, weight_decay=0.0, orthogonalize=True,
+                   **filter_options),
               dict(params=others, lr=lr, weight_decay=decay / lr, **sgd),
               dict(params=biases, lr=lr * bias_scale, weight_decay=decay / (lr * bias_scale), **sgd),
               dict(params=[whiten_bias], lr=lr * bias_scale, weight_decay=decay / (lr * bias_scale), **sgd)]
-    opt = Muon(groups, dtype=dtype)
+    opt = Muon(groups, dtype=dtype, total_steps=total_steps)
     whole, bias = (lambda step: linear_decay(step, total_steps)), (lambda step: linear_decay(step, whiten_bias_steps))
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, [whole, whole, whole, bias])
 

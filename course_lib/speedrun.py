@@ -1,5 +1,5 @@
 """Lesson 08's recipe: airbench94's training as a LightningModule and its plain-PyTorch twin (test-time
-augmentation: tta.py). tests/test_fidelity.py checks it against a port of airbench94, piece by piece, step for step."""
+augmentation: tta.py). tests/test_fidelity.py checks it against a port of airbench94, step for step."""
 from __future__ import annotations
 
 import math
@@ -14,10 +14,11 @@ from .data import to_float
 from .metrics import mean_loss, top1_accuracy
 from .models import WHITEN_IMAGES, WIDTHS, AirNet, init_whitening
 from .modules import ClassifierSystem
+from .muon import NS_COEFFICIENTS
 from .ondevice import DeviceBatches
 from .optim import Lookahead, lookahead_decay, make_muon_speedrun_optimizer, make_speedrun_optimizer
 from .timing import DeviceTimer
-from .tta import evaluate_tta, tta_logits  # noqa: F401  (speedrun.evaluate_tta: the recipe's evaluation)
+from .tta import evaluate_tta, selective_tta_logits, tta_logits  # noqa: F401  (speedrun.evaluate_tta: re-exported)
 
 #: airbench94's training length: ceil(9.9 x steps per epoch) steps (426 of batch 1024 on 45,000 images)
 EPOCHS = 9.9
@@ -46,7 +47,7 @@ class Recipe:
     warmup: float = 0.23  # fraction of the steps spent warming the LR up
     lookahead_every: int = 5  # steps between lookahead updates; 0: off
     tta_level: int = 2  # 0: plain test, 1: + mirror, 2: + 1-px shifts
-    whiten_bias_epochs: int = 3  # epochs the whitening bias trains before it freezes
+    whiten_bias_epochs: float = 3  # epochs the whitening bias trains before it freezes (its LR reaches 0)
     channels_last: bool = False
     compile: bool = False
     epochs: float = EPOCHS  # the recipe's training length (callers pass it to run_seed, make_trainer, Twin.fit)
@@ -55,19 +56,29 @@ class Recipe:
     filter_lr: float = 0.0  # Muon's step size; not scaled with the batch
     filter_momentum: float = 0.0
     head: str = "fixed"  # "fixed": logits x 1/9 (airbench94); "width": head weights of std 1, logits / widths[-1]
-    #: the whitening bias's start: "zero" (airbench94's Conv zeroes it) or "uniform" (airbench94_muon's plain
-    #: nn.Conv2d keeps PyTorch's draw, U(-1/sqrt(12), 1/sqrt(12)) for its 12 inputs, which the whitening leaves alone)
+    #: the whitening bias's start: "zero" (airbench94) or "uniform" (airbench94_muon's nn.Conv2d draw, U(+-1/sqrt(12)))
     whiten_bias: str = "zero"
+    # hiverge's record (RECORD); these defaults are airbench94's and airbench94_muon's
+    activation: str = "gelu"  # the conv groups' ("silu")
+    bn_momentum: float = 0.4  # PyTorch's BatchNorm momentum: airbench's 0.6 is 1 - 0.4
+    jitter: tuple[float, float] = (0.0, 0.0)  # per training image: brightness + U(+-b), then contrast x U(1 +- c)
+    whiten_images: int = WHITEN_IMAGES  # training images the whitening reads
+    tta_select: float = 1.0  # < 1: tta.selective_tta_logits on that fraction of each test batch
+    ns_coefficients: tuple[float, float, float] = NS_COEFFICIENTS  # muon: the Newton-Schulz quintic
+    muon_batched: bool = False  # muon: every filter bank's iteration in one padded batched matmul
+    normalize_every: tuple[int, float] = (1, 0.0)  # muon.normalize_due's (base, growth); (1, 0): every step
+    filter_decay: float = 0.0  # muon: the filters' decoupled decay at peak LR, per batch 1024
 
     def __post_init__(self):
-        object.__setattr__(self, "widths", tuple(self.widths))  # a list from a checkpoint or YAML
-        if (self.optimizer, self.schedule, self.head) not in {("sgd", "triangle", "fixed"),
-                                                              ("muon", "linear", "width")}:
+        for name in ("widths", "jitter", "ns_coefficients", "normalize_every"):  # lists from a checkpoint or YAML
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        kinds = {("sgd", "triangle", "fixed"), ("muon", "linear", "width")}
+        if (self.optimizer, self.schedule, self.head) not in kinds:
             raise ValueError(f"optimizer, schedule, head: airbench94's sgd, triangle, fixed or airbench94_muon's muon, "
                              f"linear, width (MUON); got {self.optimizer}, {self.schedule}, {self.head}.")
-        if self.whiten_bias not in ("zero", "uniform"):
-            raise ValueError(f"whiten_bias: 'zero' (airbench94) or 'uniform' (airbench94_muon), got "
-                             f"{self.whiten_bias!r}.")
+        if self.whiten_bias not in ("zero", "uniform") or self.activation not in ("gelu", "silu"):
+            raise ValueError(f"whiten_bias: 'zero' (airbench94) or 'uniform' (airbench94_muon); activation: 'gelu' or "
+                             f"'silu' (hiverge); got {self.whiten_bias!r}, {self.activation!r}.")
         if (not 0 <= self.label_smoothing < 1 or min(self.lookahead_every, self.whiten_bias_epochs) < 0
                 or self.tta_level not in (0, 1, 2) or self.batch_size < 1):
             raise ValueError(f"Need 0 <= label_smoothing < 1, lookahead_every >= 0 (0 = off), whiten_bias_epochs >= 0, "
@@ -75,8 +86,7 @@ class Recipe:
                              f"{self.lookahead_every}, {self.whiten_bias_epochs}, {self.tta_level}, {self.batch_size}.")
 
 
-# a checkpoint's hyper_parameters hold the Recipe: let torch.load(weights_only=True), which load_from_checkpoint uses,
-# rebuild this class (and only this one) besides tensors and primitive types
+# checkpoints hold the Recipe: let load_from_checkpoint's torch.load(weights_only=True) rebuild this class (only this)
 torch.serialization.add_safe_globals([Recipe])
 
 #: airbench94_muon (github.com/KellerJordan/cifar10-airbench, airbench94_muon.py at f1c599c, MIT), written once: its
@@ -85,16 +95,23 @@ MUON = Recipe(batch_size=2000, epochs=8, optimizer="muon", schedule="linear", he
               bias_scale=0.053 / 0.67, momentum=0.85, weight_decay=2e-6 * 1024, filter_lr=0.24, filter_momentum=0.6,
               warmup=0.0, lookahead_every=0, label_smoothing=0.2, whiten_bias_epochs=3, tta_level=2,
               whiten_bias="uniform")
+#: hiverge's record (github.com/hiverge/cifar10-speedrun, cifar10_speedrun.py at 5cd49b1, MIT), in MUON's units
+RECORD = Recipe(**{**asdict(MUON), **dict(
+    batch_size=1536, epochs=7.59, lr=0.5415 * 1024, bias_scale=0.0573 / 0.5415, momentum=0.825, label_smoothing=0.09,
+    weight_decay=1.0418e-6 * 1024, filter_lr=0.205, filter_momentum=0.655, whiten_bias_epochs=0.19, activation="silu",
+    bn_momentum=1 - 0.5566, jitter=(0.1399, 0.1308), whiten_images=960, tta_select=0.25, muon_batched=True,
+    ns_coefficients=(3.4576, -4.7391, 2.0843), normalize_every=(2, 15.0), filter_decay=1.0418e-6 * 1024)})
 
 
 def recipe_net(recipe: Recipe) -> AirNet:
     """A fresh AirNet for the recipe: airbench94's head scale 1/9, or airbench94_muon's unit-std head over width;
     the whitening bias zero, or airbench94_muon's draw (recipe.whiten_bias), taken last so the other weights of a
     seed are the same either way."""
+    kw = dict(bn_momentum=recipe.bn_momentum, activation=recipe.activation)
     if recipe.head == "fixed":
-        net = AirNet(recipe.widths)
+        net = AirNet(recipe.widths, **kw)
     else:
-        net = AirNet(recipe.widths, scale=1 / recipe.widths[-1])
+        net = AirNet(recipe.widths, scale=1 / recipe.widths[-1], **kw)
         net.head.weight.data /= net.head.weight.data.std()  # unit-std head weights, as airbench94_muon's reset()
     if recipe.whiten_bias == "uniform":  # nn.Conv2d.reset_parameters' bias: U(+-1/sqrt(fan_in)), fan_in 3 x 2 x 2
         bound = 1 / math.sqrt(net.whiten.weight[0].numel())
@@ -108,20 +125,22 @@ def recipe_optimizer(net: nn.Module, recipe: Recipe, total_steps: int, steps_per
         if steps_per_epoch is None:
             raise ValueError("The Muon recipe's whitening bias decays over whiten_bias_epochs: pass steps_per_epoch.")
         return make_muon_speedrun_optimizer(
-            net, total_steps=total_steps, whiten_bias_steps=recipe.whiten_bias_epochs * steps_per_epoch,
+            net, total_steps=total_steps, whiten_bias_steps=math.ceil(recipe.whiten_bias_epochs * steps_per_epoch),
             batch_size=recipe.batch_size, lr=recipe.lr, momentum=recipe.momentum, weight_decay=recipe.weight_decay,
-            bias_scale=recipe.bias_scale, filter_lr=recipe.filter_lr, filter_momentum=recipe.filter_momentum)
+            bias_scale=recipe.bias_scale, filter_lr=recipe.filter_lr, filter_momentum=recipe.filter_momentum,
+            coefficients=recipe.ns_coefficients, batched=recipe.muon_batched, normalize_every=recipe.normalize_every,
+            filter_decay=recipe.filter_decay * recipe.batch_size / 1024)
     return make_speedrun_optimizer(net, total_steps=total_steps, batch_size=recipe.batch_size, lr=recipe.lr,
                                    momentum=recipe.momentum, weight_decay=recipe.weight_decay,
                                    bias_scale=recipe.bias_scale, warmup=recipe.warmup)
 
 
 @torch.no_grad()
-def whiten_from(net: AirNet, images: torch.Tensor, keep_bias: bool = False) -> None:
-    """Set net's whitening filters from uint8 training images (N, 3, 32, 32), the first WHITEN_IMAGES as airbench94;
-    the bias zero as airbench94, or kept (keep_bias: airbench94_muon sets the filters only)."""
+def whiten_from(net: AirNet, images: torch.Tensor, keep_bias: bool = False, count: int = WHITEN_IMAGES) -> None:
+    """Set net's whitening filters from uint8 training images (N, 3, 32, 32), the first `count` (airbench94's
+    WHITEN_IMAGES); the bias zero as airbench94, or kept (keep_bias: airbench94_muon sets the filters only)."""
     bias = net.whiten.bias.detach().clone()
-    init_whitening(net, to_float(images[:WHITEN_IMAGES]))
+    init_whitening(net, to_float(images[:count]), max_images=count)
     if keep_bias:
         net.whiten.bias.copy_(bias)
 
@@ -129,12 +148,10 @@ def whiten_from(net: AirNet, images: torch.Tensor, keep_bias: bool = False) -> N
 class SpeedrunModule(ClassifierSystem):
     """The airbench-style recipe: label smoothing, Nesterov SGD with warm-up/decay, bias LR, lookahead, TTA.
 
-    recipe: every setting, kept as .recipe and recorded by save_hyperparameters, so checkpoints reload it
-    (load_from_checkpoint) and LightningCLI sets its fields (--model.recipe.lr 0.5, or model: {recipe: {lr: 0.5}}).
-    widths, label_smoothing, channels_last and compile build the module; the others are read when used, so
-    module.recipe = dataclasses.replace(module.recipe, tta_level=2) changes the next test.
-    An unwhitened net is whitened when a fit starts, from the training batches' images (DeviceBatches.images,
-    e.g. SpeedrunDataModule's train_dataloader())."""
+    recipe: every setting, kept as .recipe and recorded by save_hyperparameters, so checkpoints reload it and
+    LightningCLI sets its fields (--model.recipe.lr 0.5). Those that build the net are read once; the others when
+    used (module.recipe = dataclasses.replace(module.recipe, tta_level=2) changes the next test). An unwhitened net
+    is whitened when a fit starts, from the training batches' images (DeviceBatches.images)."""
 
     def __init__(self, recipe: Recipe = Recipe()):
         super().__init__(recipe_net(recipe), num_classes=10, label_smoothing=recipe.label_smoothing,
@@ -143,10 +160,12 @@ class SpeedrunModule(ClassifierSystem):
         self.recipe, self.step_losses, self.lookahead = recipe, [], None
 
     def _logits(self, x: torch.Tensor, stage: str) -> torch.Tensor:
-        return tta_logits(self, x, self.recipe.tta_level) if stage == "test" else self(x)
+        r = self.recipe  # selective TTA (hiverge) where tta_select < 1
+        return self(x) if stage != "test" else (selective_tta_logits(self, x, r.tta_select) if r.tta_select < 1
+                                                 else tta_logits(self, x, r.tta_level))
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
-        loss = self._shared_step(batch, "train")
+        loss = self._shared_step(jittered(batch, self.recipe), "train")
         self.step_losses.append(loss.detach())  # a device scalar: no sync; read after training
         return loss
 
@@ -160,12 +179,10 @@ class SpeedrunModule(ClassifierSystem):
         if not bool(self.net.whitened):  # one host read, before the first step
             images = getattr(self.trainer.train_dataloader, "images", None)  # the data's, not a hyperparameter
             if images is None:
-                raise ValueError("SpeedrunModule sets its whitening layer from the training images before the first "
-                                 "step, and these training batches have no .images: train on DeviceBatches (e.g. "
-                                 "SpeedrunDataModule's train_dataloader()), or call speedrun.whiten_from(module.net, "
-                                 "<uint8 (N, 3, 32, 32) training images>, keep_bias=module.recipe.whiten_bias == "
-                                 "'uniform') first.")
-            whiten_from(self.net, images, keep_bias=self.recipe.whiten_bias == "uniform")
+                raise ValueError("SpeedrunModule whitens from the training images before the first step, and these "
+                                 "batches have no .images: train on DeviceBatches (SpeedrunDataModule's), or call "
+                                 "speedrun.whiten_from(module.net, <uint8 (N, 3, 32, 32) images>) first.")
+            whiten_from(self.net, images, self.recipe.whiten_bias == "uniform", self.recipe.whiten_images)
         self.lookahead = Lookahead(self.net) if self.recipe.lookahead_every else None
         self.step_losses, self.total_steps = [], int(self.trainer.estimated_stepping_batches)
 
@@ -190,6 +207,13 @@ class SpeedrunModule(ClassifierSystem):
             self.lookahead.update(1.0)  # the result is the slow weights
 
 
+def jittered(batch: tuple, recipe: Recipe) -> tuple:
+    """(x, y), x (B, C, H, W) normalised, with the recipe's jitter per image (x + U(-b, b)) U(1 - c, 1 + c), if any."""
+    (b, c), (x, y) = recipe.jitter, batch
+    draws = torch.rand(2, len(x), 1, 1, 1, device=x.device, dtype=x.dtype) * 2 - 1 if b or c else None  # in [-1, 1)
+    return batch if draws is None else ((x + b * draws[0]) * (1 + c * draws[1]), y)
+
+
 def fresh_weights(module: SpeedrunModule, seed: int) -> None:
     """Load the initial weights of an AirNet built under `seed` into the module's net, in place (compiled stays so)."""
     L.seed_everything(seed, verbose=False)
@@ -199,10 +223,8 @@ def fresh_weights(module: SpeedrunModule, seed: int) -> None:
 def make_trainer(epochs: float, precision: str | None = None, steps_per_epoch: int | None = None,
                  **kwargs) -> L.Trainer:
     """runs.trainer's timing Trainer (no validation, logger, checkpoints or progress bar; precision from
-    choose_precision, fp16 on a CPU as Lightning's plugin) for `epochs` of the recipe; kwargs: more Trainer settings.
-
-    Fractional epochs (airbench's 9.9, EPOCHS) need steps_per_epoch (len of the training batches): the Trainer then
-    stops after total_steps(epochs, steps_per_epoch) steps, and the LR schedule spans exactly those."""
+    choose_precision) for `epochs` of the recipe, kwargs more settings. Fractional epochs (EPOCHS) need steps_per_epoch
+    (len of the training batches): the Trainer stops after total_steps(epochs, steps_per_epoch)."""
     if epochs != int(epochs) and steps_per_epoch is None:
         raise ValueError(f"epochs={epochs} is fractional: pass steps_per_epoch=len(<training batches>) so the Trainer "
                          f"can stop after ceil(epochs x steps_per_epoch) steps.")
@@ -212,9 +234,8 @@ def make_trainer(epochs: float, precision: str | None = None, steps_per_epoch: i
 
 class Twin:
     """Plain-PyTorch twin of SpeedrunModule: same net, optimiser, schedule, lookahead and metrics, no Lightning.
-
-    Built once, as the module is: channels_last and, when the recipe compiles, one handle from torch.compile(net)
-    kept for every fit (its graphs are reused, never rebuilt). Load new weights into .net in place between fits."""
+    Built once, as the module is (channels_last; one torch.compile handle reused by every fit): load new weights into
+    .net in place between fits."""
 
     def __init__(self, net: AirNet, recipe: Recipe = Recipe()):
         self.recipe = recipe
@@ -234,7 +255,7 @@ class Twin:
         scaler = torch.amp.GradScaler(device.type, enabled=precision == "16-mixed")
         net.train()
         if not bool(net.whitened):
-            whiten_from(net, batches.images, keep_bias=r.whiten_bias == "uniform")
+            whiten_from(net, batches.images, r.whiten_bias == "uniform", r.whiten_images)
         total = total_steps(epochs, len(batches))
         net.whiten.bias.requires_grad_(True)  # in the optimiser even if an earlier run froze it
         opt, sched = recipe_optimizer(net, r, total, len(batches))
@@ -247,7 +268,7 @@ class Twin:
             batches.set_epoch(epoch)
             net.whiten.bias.requires_grad_(epoch < r.whiten_bias_epochs)
             marks.append(timer.mark())
-            for x, y in batches:
+            for x, y in map(lambda b: jittered(b, r), batches):
                 x = x.contiguous(memory_format=torch.channels_last) if r.channels_last else x
                 with torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
                     logits = self.forward(x)
@@ -274,5 +295,5 @@ class Twin:
                 "precision": precision, "loss_scale": scaler.get_scale() if scaler.is_enabled() else None}
 
 
-__all__ = ["EPOCHS", "total_steps", "Recipe", "MUON", "recipe_net", "recipe_optimizer", "whiten_from", "tta_logits",
-           "evaluate_tta", "SpeedrunModule", "fresh_weights", "make_trainer", "Twin"]
+__all__ = ["EPOCHS", "total_steps", "Recipe", "MUON", "RECORD", "jittered", "recipe_net", "recipe_optimizer",
+           "whiten_from", "tta_logits", "evaluate_tta", "SpeedrunModule", "fresh_weights", "make_trainer", "Twin"]

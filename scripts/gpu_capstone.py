@@ -25,6 +25,9 @@ Order, most important first; the results file is rewritten after every run, so a
       then main() per seed, timed by its own CUDA events (batch 2000, 8 epochs, TTA); the dry run trains the port
       (scripts/airbench_muon_port.py) on the CPU instead, airbench94_muon's loop being CUDA-only;
   (f) SpeedrunModule with speedrun.MUON (the course's Muon rung), as (b);
+  (g) hiverge's record loop, as scripts/hiverge_port.py ports it (cifar10_speedrun.py at 5cd49b1): fp16 weights,
+      channels_last, batch 1536, 7.59 epochs, selective TTA, after an untimed warm-up; on the CPU in a dry run;
+  (h) SpeedrunModule with speedrun.RECORD (the course's record rung), as (b);
   (d) while --budget lasts: scripts/gpu_check.py's lesson 03-05 configurations (target pairs first), then lesson
       06's one-device row (course_lib.scaling, as scripts/gpu_ddp_check.py measures it).
 All parts use one split: 45,000 training / 5,000 test images carved with seed 0 from the 50,000 training JPEGs (no
@@ -53,13 +56,14 @@ sys.path.insert(0, str(ROOT / "scripts"))  # airbench_carry and lesson_checks be
 import airbench_carry  # noqa: E402
 import airbench_muon_port  # noqa: E402
 import airbench_port  # noqa: E402
+import hiverge_port  # noqa: E402
 import lesson_checks  # noqa: E402
 
 from course_lib import config, experiments, hardware, models, muon, results, speedrun, timing, verdict  # noqa: E402
 from course_lib.ondevice import SpeedrunDataModule  # noqa: E402
 from course_lib.sources import ImageFolderSource, list_image_folder, open_source  # noqa: E402
 
-ORDER = ("setup", "a", "b", "c", "summary", "e", "f", "muon", "d")
+ORDER = ("setup", "a", "b", "c", "summary", "e", "f", "muon", "g", "h", "record", "d")
 def make_data(folder: Path, out: Path) -> None:
     """Pack a training folder's JPEG files, in CIFAR10DataModule's order, as bytes plus offsets and labels."""
     files, labels, classes = list_image_folder(folder)  # sorted by class, then file name: the cache's order
@@ -223,11 +227,42 @@ def part_e(args, dm, report, *, deadline, dry, widths, batch, epochs) -> list[di
     return trials
 
 
-def muon_summary(report, e, f) -> None:
-    """The Muon rung (f) against airbench94_muon (e): time and accuracy by the course's rule."""
-    lines = ["## Muon comparison", ""]
+def part_g(dm, report, *, seeds, deadline, gpu, widths, batch, epochs) -> list[dict]:
+    """hiverge's record loop (its port) on the course's images: fp16 + channels_last on a GPU, fp32 on a CPU."""
+    dtype, device = (torch.float16, "cuda") if gpu else (torch.float32, "cpu")
+    head = ["## (g) hiverge's record (its port)", "",
+            f"scripts/hiverge_port.py (cifar10_speedrun.py at 5cd49b1, github.com/hiverge/cifar10-speedrun): widths "
+            f"{widths}, batch {batch}, {epochs} epochs, {str(dtype).removeprefix('torch.')} weights"
+            f"{', channels_last' if gpu else ''}, Newton-Schulz in the same dtype, selective TTA on the least confident "
+            f"quarter; not compiled. Time: whitening + training + TTA, after one untimed warm-up run."]
+    timer, trials = timing.DeviceTimer(device), []
+
+    def one(seed):
+        torch.manual_seed(seed)
+        train = hiverge_port.Loader(dm.train_set.images, dm.train_set.labels, batch, train=True, dtype=dtype)
+        test = hiverge_port.Loader(dm.test_set.images, dm.test_set.labels, 2000, train=False, dtype=dtype)
+        return hiverge_port.train(train, test, epochs, widths, ns_dtype=dtype, timer=timer, dtype=dtype,
+                                  channels_last=gpu)
+
+    if gpu:
+        one(1000)  # warm-up: cuDNN autotuning, allocator
+    for seed in seeds:
+        if time.monotonic() > deadline:
+            head.append(f"- time budget spent after {len(trials)} runs")
+            break
+        out = one(seed)
+        trials.append({"seed": seed, "acc": out["acc"], "time_s": out["time_s"], "steps": out["steps"]})
+        report.set("g", head + table(["seed", "test accuracy (selective TTA)", "time"], [
+            [str(r["seed"]), f"{r['acc']:.2%}", f"{r['time_s']:.3f} s"] for r in trials]) + [
+            figure("accuracy", pct(r["acc"] for r in trials), "{:.2f}", " %"),
+            figure("time", [r["time_s"] for r in trials])])
+    return trials
+
+
+def muon_summary(report, e, f, key="muon", names=("the course (f)", "airbench94_muon (e)"), rung="Muon") -> None:
+    """A course rung (f, h) against its original (e, g): time and accuracy by the course's rule."""
+    lines = [f"## {rung[0].upper() + rung[1:]} comparison", ""]
     if e and f:
-        names = ("the course (f)", "airbench94_muon (e)")
         times = [r.total_s for r in f], [r["time_s"] for r in e]
         accs = pct(r.acc for r in f), pct(r["acc"] for r in e)
         took = verdict.compare(*times, *names, higher_is_better=False)
@@ -235,8 +270,8 @@ def muon_summary(report, e, f) -> None:
         lines += [f"- time: {took}", f"  - {took.detail}", f"- accuracy: {acc}", f"  - {acc.detail}"]
     if f:
         reached = "reached" if statistics.mean(pct(r.acc for r in f)) >= 94 else "not reached"
-        lines.append(f"- 94 % on the held-out images: {reached} by the course's Muon rung")
-    report.set("muon", lines)
+        lines.append(f"- 94 % on the held-out images: {reached} by the course's {rung} rung")
+    report.set(key, lines)
 
 
 def summary(report, a, b, c) -> None:
@@ -345,6 +380,20 @@ def main() -> int:
                                                     seeds=args.seeds_list, epochs=m_epochs, precision=precision,
                                                     deadline=deadline, head=f_head, key="f"))
     guarded(report, "muon", ["## Muon comparison"], lambda: muon_summary(report, e, f))
+    # the record rung: hiverge's batch and epochs on a GPU, the dry run's size otherwise
+    r_batch, r_epochs = (batch, epochs) if dry else (speedrun.RECORD.batch_size, speedrun.RECORD.epochs)
+    g = guarded(report, "g", ["## (g) hiverge's record (its port)"], lambda: part_g(
+        dm, report, seeds=args.seeds_list, deadline=deadline, gpu=gpu and not dry, widths=widths, batch=r_batch,
+        epochs=r_epochs))
+    record = dataclasses.replace(speedrun.RECORD, widths=widths, batch_size=r_batch, channels_last=gpu and not dry,
+                                 compile=gpu and not dry)
+    h_head = ["## (h) the course's record rung (SpeedrunModule with speedrun.RECORD)", "",
+              f"Timed as (b). {muon.describe(muon.iteration_dtype('cuda' if gpu else 'cpu'))}; selective TTA."]
+    h = guarded(report, "h", h_head, lambda: part_b(speedrun.SpeedrunModule(record), dm, report,
+                                                    seeds=args.seeds_list, epochs=r_epochs, precision=precision,
+                                                    deadline=deadline, head=h_head, key="h"))
+    guarded(report, "record", ["## Record comparison"], lambda: muon_summary(
+        report, g, h, key="record", names=("the course (h)", "hiverge's port (g)"), rung="record"))
     d_head = ["## (d) lessons 03-05 and 06's one-device row", ""]
     guarded(report, "d", d_head, lambda: lesson_checks.run(
         source, float("inf") if dry else deadline, dry, info, lambda lines: report.set("d", d_head + lines)))

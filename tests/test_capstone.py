@@ -93,6 +93,13 @@ def test_dry_run_writes_every_part_with_parsable_figures(make_folder, cifar_fold
     muon_lines = section(text, "## Muon comparison")
     assert "- time: the course (f)" in muon_lines and "- accuracy: the course (f)" in muon_lines
     assert text.index("## (a)") < text.index("## (e)") < text.index("## (f)") < text.index("## (d)")
+    g = section(text, "## (g) hiverge's record (its port)")  # the record's loop, ported (issue 46)
+    assert "hiverge_port.py" in g and spread(g, "accuracy", " %")[4] == 2 and spread(g, "time", " s")[0] > 0
+    h = section(text, "## (h) the course's record rung")
+    assert spread(h, "accuracy", " %")[4] == 2 and "selective TTA" in h
+    record = section(text, "## Record comparison")
+    assert "- time: the course (h)" in record and "- accuracy: the course (h)" in record
+    assert text.index("## (f)") < text.index("## (g)") < text.index("## (h)") < text.index("## (d)")
 
     d = section(text, "## (d) lessons 03-05 and 06's one-device row")
     check = (build / "gpu_check-dryrun.md").read_text()
