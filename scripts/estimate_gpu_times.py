@@ -467,23 +467,24 @@ def report(result: dict) -> str:
         "",
         "## Per lesson",
         "",
-        "| lesson | T4 lower bound | T4 estimate | H100 lower bound | H100 estimate | T4 run: training+eval TFLOP "
-        "(GPU and host) | host-to-device GB |",
-        "|---|---|---|---|---|---|---|",
     ]
+    rows = []
     for lesson, by in result.items():
         t, h = by["T4"][0], by["H100"][0]
-        lines.append(f"| {lesson} | {t['lower']:.1f} s | {span(t['fast'], t['slow'])} ({t['fast']:.0f}-"
-                     f"{t['slow']:.0f} s) | {h['lower']:.1f} s | {span(h['fast'], h['slow'])} ({h['fast']:.0f}-"
-                     f"{h['slow']:.0f} s) | {t['flops'] / 1e12:.3g} | {t['h2d_bytes'] / 1e9:.3g} |")
+        rows.append([lesson, *(cell for e in (t, h) for cell in (f"{e['lower']:.1f} s", f"{span(e['fast'], e['slow'])} "
+                                                                  f"({e['fast']:.0f}-{e['slow']:.0f} s)")),
+                     f"{t['flops'] / 1e12:.3g}", f"{t['h2d_bytes'] / 1e9:.3g}"])
+    lines += results.markdown_table(["lesson", "T4 lower bound", "T4 estimate", "H100 lower bound", "H100 estimate",
+                                     "T4 run: training+eval TFLOP (GPU and host)", "host-to-device GB"], rows)
     lines += ["", "The lower bound counts only GPU FLOPs and link bytes, so lessons dominated by host work or",
               "fixed costs sit far above it.", ""]
     for lesson, by in result.items():
         lines += [f"### {lesson}", ""]
         for g, (_, items) in by.items():  # one table per GPU: their items differ (formats a GPU lacks are skipped)
-            lines += [f"| {g}: item | lower bound | estimate (fast-slow) | TFLOP |", "|---|---|---|---|"]
-            lines += [f"| {it.what} | {it.lower:.2f} s | {it.fast:.1f}-{it.slow:.1f} s | {it.flops / 1e12:.3g} |"
-                      for it in items]
+            lines += results.markdown_table(
+                [f"{g}: item", "lower bound", "estimate (fast-slow)", "TFLOP"],
+                [[it.what, f"{it.lower:.2f} s", f"{it.fast:.1f}-{it.slow:.1f} s", f"{it.flops / 1e12:.3g}"]
+                 for it in items])
             lines.append("")
     return "\n".join(lines)
 
