@@ -1,11 +1,12 @@
 """This machine's measured ceilings, each with its spread: the matmul rate in every number format the hardware runs
-natively (through the kernel the lessons run: on a CPU, int8 through oneDNN's int8 linear kernel), the memory
-bandwidth (a copy well past the last-level cache), the fixed cost of one op (a loop of tiny ops) and, on a GPU,
-host-to-device bandwidth from pinned and pageable memory. Each ceiling is an upper bound: the best sustained figure,
-its fastest timed block (a block lasts tens of milliseconds or more, so it is a rate held, not a spike), not the
-median, which a competing process drags down. A noisy ceiling is re-measured; one that stays noisy is not saved.
+natively (through the kernel the lessons run: on a CPU, int8 through oneDNN's int8 linear kernel), and the op classes
+a step runs (course_lib.opclasses): memory bandwidth past the last-level cache (DRAM) and inside it, elementwise ops
+into a reused and into a fresh output (the first touch of new pages), tanh's rate, the fixed cost of one eager op and
+of one compiled call and, on a GPU, host-to-device bandwidth. Each ceiling is an upper bound: the best sustained
+figure, its fastest timed block (a block lasts tens of milliseconds or more, so it is a rate held, not a spike), not
+the median, which a competing process drags down. A noisy ceiling is re-measured; one that stays noisy is not saved.
 Saved once per machine under build/ceilings/ and re-measured when missing; course_lib.roofline places ops and steps
-against them."""
+against them (bandwidth_for picks the cache's or DRAM's bandwidth by working set)."""
 from __future__ import annotations
 
 import json
@@ -17,20 +18,19 @@ from typing import Callable
 
 import torch
 
-from . import config, hardware, internals, timing, verdict
+from . import config, hardware, internals, opclasses, timing, verdict
+from .opclasses import LOOP_OPS, TINY_ELEMENTS, llc_bytes  # noqa: F401  (re-exported: roofline and tests)
 
 MATMUL_N = {"cpu": 2048, "cuda": 8192}  # square side: enough multiply-adds to keep the matrix units busy
 SMOKE_MATMUL_N = 512  # smoke size: checks the code in a fraction of a second, not a ceiling to quote
-LLC_MULTIPLE = 4  # the bandwidth copy moves this many times the last-level cache, so the cache cannot hold it
-COPY_BYTES = (64 * 2**20, 1024 * 2**20)  # floor and cap of one copied buffer, whatever the cache reports
-TINY_ELEMENTS = 16  # the per-op loop's tensor: its data costs nothing next to the op's fixed cost
-LOOP_OPS = 100  # tiny ops per timed call, so one call is long enough to time
-H2D_BYTES = 64 * 2**20  # one host-to-device transfer: past the fixed cost of a copy, short enough for smoke size
+CONV = (64, 128, 16)  # batch, channels, side: a 3x3 convolution of ResNet-9 at the lessons' batch, channels_last
 SECONDS = {"smoke": 0.1, "full": 1.0}  # timed seconds per ceiling (timing.time_calls' min_run_time)
 NOISY = 1.5  # slowest / fastest block above this: the ceiling is flagged as noisy (a busy machine)
 RETRIES = 2  # a noisy ceiling is measured again up to this many times; the steadiest measurement is kept
+SCHEMA = 3  # the rows measured: a file saved before the op classes and the convolution (schemas 1-2) is measured again
 SIZE_RANK = {"smoke": 0, "full": 1}  # a saved full-size measurement serves a smoke run, not the other way round
-UNITS = {"compute": (1e9, "GFLOP/s"), "memory": (1e9, "GB/s"), "overhead": (1e-6, "us per op")}  # printed units
+UNITS = {"compute": (1e9, "GFLOP/s"), "memory": (1e9, "GB/s"), "pointwise": (1e9, "G elements/s"),
+         "overhead": (1e-6, "us per op")}  # printed units
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,7 @@ class Ceiling:
     kind: str  # "compute" (FLOP/s), "memory" and "transfer" (bytes/s), "overhead" (seconds per op)
     values: tuple[float, ...]  # one figure per timed block
     note: str = ""  # what was timed
+    capacity: int = 0  # bytes: the largest working set the figure applies to (the cache's), 0 for any
 
     @property
     def median(self) -> float:
@@ -71,13 +72,13 @@ class Ceiling:
                 f"{verdict.number(lo)}-{verdict.number(hi)}; {self.note}{flag})")
 
 
-def summarise(name: str, kind: str, work: float, seconds: list[float], note: str = "") -> Ceiling:
+def summarise(name: str, kind: str, work: float, seconds: list[float], note: str = "", capacity: int = 0) -> Ceiling:
     """A Ceiling from seconds per call (one per timed block) of a call doing `work` FLOPs, bytes or ops: rates for
     compute, memory and transfer, seconds per op for overhead. No clock here: tests inject the seconds."""
     if not seconds or min(seconds) <= 0 or work <= 0:
         raise ValueError(f"{name}: need positive work and seconds per block, got work {work}, seconds {seconds}.")
     values = [s / work for s in seconds] if kind == "overhead" else [work / s for s in seconds]
-    return Ceiling(name, kind, tuple(values), note)
+    return Ceiling(name, kind, tuple(values), note, capacity)
 
 
 def spread_ratio(c: Ceiling) -> float:
@@ -102,16 +103,37 @@ class Ceilings:
     rows: dict[str, Ceiling] = field(default_factory=dict)
 
     def rate(self, fmt: str = "fp32") -> float:
-        """Measured matmul FLOP/s in `fmt` (fp32, tf32, bf16, fp16, int8); a clear error for one not measured."""
+        """Measured FLOP/s of products in `fmt` (fp32, tf32, bf16, fp16, int8): the faster of the square matmul and,
+        where measured, ResNet-9's convolution (oneDNN's can beat the BLAS); a clear error for a format not measured."""
         key = f"matmul {fmt}"
         if key not in self.rows:
             have = [k.split()[1] for k in self.rows if k.startswith("matmul ")]
             raise KeyError(f"No {fmt} matmul ceiling on {self.hardware} ({self.device}): it is not native here. "
                            f"Measured formats: {have}. Use one of them.")
-        return self.rows[key].best
+        return max(self.rows[name].best for name in (key, f"conv {fmt}") if name in self.rows)
 
-    bandwidth = property(lambda self: self.rows["memory"].best, doc="Best sustained memory bandwidth, bytes/s.")
+    bandwidth = property(lambda self: self.rows["memory"].best, doc="Best sustained DRAM bandwidth, bytes/s.")
     per_op = property(lambda self: self.rows["per op"].best, doc="Lowest measured fixed cost of one op, seconds.")
+    per_call_compiled = property(lambda self: self.rows["per call compiled"].best,
+                                 doc="Lowest measured fixed cost of one call of a compiled graph, seconds.")
+    tanh_rate = property(lambda self: self.rows["tanh"].best, doc="Best sustained tanh rate, elements/s.")
+
+    def bandwidth_for(self, working_set: float) -> float:
+        """Bytes/s for an op or step whose working set (bytes read and written) is `working_set`: the cache's
+        bandwidth where it fits in the last-level cache ("memory cache", capacity = that cache), DRAM's past it."""
+        fits = [c for c in self.rows.values() if c.kind == "memory" and 0 < working_set <= c.capacity]
+        return min(fits, key=lambda c: c.capacity).best if fits else self.bandwidth
+
+    def elementwise(self, streams: int = 3, fresh: bool = False) -> float:
+        """Bytes/s of a DRAM-sized elementwise op with 2 (copy) or 3 (add) streams, into a reused output or a
+        freshly allocated one (whose new pages are touched first)."""
+        return self.rows[{(2, False): "memory", (3, False): "add reused", (2, True): "copy fresh",
+                          (3, True): "add fresh"}[streams, fresh]].best
+
+    @property
+    def first_touch(self) -> float:
+        """Seconds per byte a fresh output costs beyond a reused one: the add's two best sustained rates apart."""
+        return max(0.0, 3 * (1 / self.elementwise(3, True) - 1 / self.elementwise(3, False)))
 
     def noisy(self) -> list[str]:
         """The names of the ceilings still flagged noisy."""
@@ -136,19 +158,6 @@ def formats(device: str, info: dict | None = None) -> list[str]:
     cc = hardware.compute_capability(info)
     return ["fp32", *(["tf32", "bf16"] if cc >= (8, 0) else []), *(["fp16"] if cc >= (7, 0) else []),
             *(["int8"] if cc >= (8, 0) else [])]
-
-
-def llc_bytes(device: str) -> int:
-    """The last-level cache in bytes: a GPU's L2, or the CPU's highest cache level from Linux sysfs (0 if unknown)."""
-    if device != "cpu":
-        return torch.cuda.get_device_properties(0).L2_cache_size
-    caches = Path("/sys/devices/system/cpu/cpu0/cache")
-    found = [(int((d / "level").read_text()), (d / "size").read_text().strip())
-             for d in caches.glob("index*") if (d / "level").exists()] if caches.is_dir() else []
-    if not found:
-        return 0  # macOS, Windows: the copy's floor, COPY_BYTES[0], still passes most laptops' caches
-    size = max(found)[1]
-    return int(size[:-1]) * {"K": 2**10, "M": 2**20}[size[-1]] if size[-1] in "KM" else int(size)
 
 
 def matmul_side(device: str, size: str) -> int:
@@ -184,10 +193,10 @@ def measure(device: str = "cpu", *, size: str | None = None,
     n = matmul_side(device, size)
     found = Ceilings(hardware.label(), device, size, torch.get_num_threads(), torch.__version__)
 
-    def add(name: str, kind: str, work: float, fn: Callable[[], object], note: str) -> None:
-        tries = [summarise(name, kind, work, time_fn(fn, min_run_time=seconds), note)]
+    def add(name: str, kind: str, work: float, fn: Callable[[], object], note: str, capacity: int = 0) -> None:
+        tries = [summarise(name, kind, work, time_fn(fn, min_run_time=seconds), note, capacity)]
         while noisy(tries[-1]) and len(tries) <= RETRIES:
-            tries.append(summarise(name, kind, work, time_fn(fn, min_run_time=seconds), note))
+            tries.append(summarise(name, kind, work, time_fn(fn, min_run_time=seconds), note, capacity))
         found.rows[name] = min(tries, key=spread_ratio)
 
     for fmt in formats(device):
@@ -196,24 +205,15 @@ def measure(device: str = "cpu", *, size: str | None = None,
         add(f"matmul {fmt}", "compute", 2 * n**3, _matmul(fmt, n, device), f"{n}x{n}")
     if device != "cpu":
         hardware.set_tf32(None)  # back to PyTorch's defaults
-    elements = max(COPY_BYTES[0], min(COPY_BYTES[1], LLC_MULTIPLE * llc_bytes(device))) // 4
-    src = torch.ones(elements, device=device)
-    dst = torch.empty_like(src)
-    add("memory", "memory", 2 * src.nbytes, lambda: dst.copy_(src),
-        f"copy of {src.nbytes / 2**20:,.0f} MiB, read + write")
-    tiny = torch.zeros(TINY_ELEMENTS, device=device)
-
-    def loop() -> None:
-        y = tiny
-        for _ in range(LOOP_OPS):
-            y = y + 1.0  # one kernel and one allocation each: the cost every op pays, whatever its size
-    add("per op", "overhead", LOOP_OPS, loop, f"{LOOP_OPS} adds of {TINY_ELEMENTS} floats")
-    if device != "cpu":
-        on_device = torch.empty(H2D_BYTES // 4, device=device)
-        for kind in ("pinned", "pageable"):
-            host = torch.ones(H2D_BYTES // 4, pin_memory=kind == "pinned")
-            add(f"h2d {kind}", "transfer", H2D_BYTES, lambda h=host: on_device.copy_(h, non_blocking=True),
-                f"{H2D_BYTES // 2**20} MiB host to device")
+    b, c, side = CONV if size == "full" else (8, *CONV[1:])
+    x = torch.randn(b, c, side, side, device=device).to(memory_format=torch.channels_last)
+    w = torch.randn(c, c, 3, 3, device=device).to(memory_format=torch.channels_last)
+    add("conv fp32", "compute", 2 * b * side * side * c * c * 9, lambda: torch.nn.functional.conv2d(x, w, padding=1),
+        f"3x3 conv, {c} channels, {side}x{side}, batch {b}, channels_last")
+    for p in opclasses.probes(device):
+        if p.warm:
+            p.fn()  # a compiled graph compiles now, not inside the timer's choice of block size
+        add(p.name, p.kind, p.work, p.fn, p.note, p.capacity)
     return found
 
 
@@ -238,8 +238,8 @@ def save(found: Ceilings) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     # atomic: a lesson loading the ceilings in another process (make test runs notebooks side by side) never reads
     # half a file
-    config.write_atomically(target, json.dumps({**asdict(found), "time": time.strftime("%Y-%m-%d %H:%M:%S")},
-                                                  indent=1))
+    config.write_atomically(target, json.dumps({**asdict(found), "schema": SCHEMA,
+                                                "time": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=1))
     return target
 
 
@@ -251,7 +251,8 @@ def load(device: str = "cpu", *, remeasure: bool = False, verbose: bool = True) 
     why = ("asked to re-measure" if remeasure else "none saved yet" if saved is None else
            "saved at smoke size" if SIZE_RANK[saved["size"]] < SIZE_RANK[size] else
            "saved with another thread count" if saved["threads"] != torch.get_num_threads() else
-           "saved under another torch" if saved["torch"] != torch.__version__ else None)
+           "saved under another torch" if saved["torch"] != torch.__version__ else
+           "saved before the op classes were measured" if saved.get("schema") != SCHEMA else None)
     if why is None:
         rows = {k: Ceiling(**{**v, "values": tuple(v["values"])}) for k, v in saved["rows"].items()}
         if verbose:

@@ -65,6 +65,28 @@ def int8_speed_line(ratio: float, baseline: str) -> str:
     return f"compiled int8: {verdict.factor(ratio)} than {baseline} ({unit}; {why})"
 
 
+def int8_roof_lines(flops: float, weights: int, int8_s: float, fp32_s: float, ceil) -> list[str]:
+    """Lesson 07's compiled int8 and fp32 forward passes (`flops` multiply-add FLOPs, `weights` parameters) against
+    this machine's ceilings (course_lib.ceilings): each format's share of its measured matmul rate, and the weight
+    bytes each reads at the bandwidth their size gets. The int8 roof only where the CPU has an int8 unit and an
+    int8 ceiling was measured (VNNI/AMX); elsewhere int8 has no roof of its own here, and the line says so."""
+    fp32_roof = flops / ceil.rate("fp32")
+    lines = [f"fp32: {flops / 1e9:,.3g} GFLOP in {fp32_s * 1e3:,.3g} ms, {fp32_roof / fp32_s:.0%} of the fp32 roof "
+             f"({ceil.rate('fp32') / 1e9:,.0f} GFLOP/s)"]
+    if hardware.cpu_int8_native() and "int8" in ceil.formats():
+        int8_roof = flops / ceil.rate("int8")
+        lines.append(f"int8: the same in {int8_s * 1e3:,.3g} ms, {int8_roof / int8_s:.0%} of the int8 roof "
+                     f"({ceil.rate('int8') / 1e9:,.0f} GFLOP/s); the roofs allow {fp32_roof / int8_roof:.2f}x, "
+                     f"measured {fp32_s / int8_s:.2f}x")
+    else:
+        lines.append(f"int8: the same in {int8_s * 1e3:,.3g} ms ({fp32_s / int8_s:.2f}x fp32's speed); no int8 roof "
+                     "here: no VNNI/AMX, no int8 ceiling")
+    moved = {fmt: weights * size / ceil.bandwidth_for(weights * size) for fmt, size in (("fp32", 4), ("int8", 1))}
+    lines.append(f"weights: {weights * 4 / 1e6:,.3g} MB fp32, {weights / 1e6:,.3g} MB int8; reading them takes "
+                 f"{moved['fp32'] / fp32_s:.0%} and {moved['int8'] / int8_s:.0%} of each measured time")
+    return lines
+
+
 def x86_quantizer(is_qat: bool = False, reduce_range: bool | None = None) -> X86InductorQuantizer:
     """Static int8 recipe for x86 CPUs: per-channel symmetric int8 weights, per-tensor uint8 activations.
 

@@ -1,4 +1,7 @@
-"""The GPU check for lessons 03-05: their bench configurations on the GPU present, in about 8 minutes, offline.
+"""The GPU check for lessons 03-05: first this GPU's ceilings (course_lib.ceilings: matmul per native format, HBM
+bandwidth inside and past L2, elementwise and tanh rates, launch cost eager and compiled, host-to-device copies from
+pinned and pageable memory), saved where the lessons read them; then the lessons' bench configurations on it, in
+about 8 minutes, offline.
 
     python scripts/gpu_check.py --make-subset data/carry/cifar10-15k.pt   # here: a compact real-data file (46 MB)
     python scripts/gpu_check.py --data data/carry/cifar10-15k.pt          # on the GPU machine
@@ -16,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout: no install needed (GPU machine)
 
-from course_lib import bench, config, hardware, results, runs, verdict
+from course_lib import bench, ceilings, config, hardware, results, runs, verdict
 from course_lib.modules import ImageClassifierModule
 from course_lib.sources import ImageFolderSource, load_image_folder, open_source
 
@@ -112,6 +115,12 @@ def main() -> int:
     source = config.data_source(args.data)
 
     start = time.perf_counter()
+    ceil = ceilings.measure("cuda" if hardware.gpu_count() else "cpu")  # first: the figures the step model reads
+    try:  # a CPU dry run keeps the lessons' CPU ceilings as they are
+        kept = f"saved to {ceilings.save(ceil)}" if hardware.gpu_count() else "dry run: the CPU's ceilings, not saved"
+    except ceilings.NoisyCeilings as err:  # a busy machine: reported, not saved
+        kept = str(err)
+    ceiling_lines = ["## Ceilings", "", *(f"- {line.strip()}" for line in ceil.lines()), "", kept, ""]
     runnable, skipped = [], []
     for cfg in configs(args.batch):  # a precision this hardware lacks is skipped with the policy's reason
         try:
@@ -128,8 +137,9 @@ def main() -> int:
             skipped.append(f"- {cfg['name']}: FAILED here: {type(err).__name__}: {str(err)[-300:]}")
     rows = bench.add_speedups(rows, rows[0]["name"])
     speed = {r["name"]: r["images_per_s"] for r in rows}
-    lines = [f"Data: {source}; batch {args.batch}; {args.warmup} warm-up + {args.steps} timed steps per row, one run "
-             f"each; total {time.perf_counter() - start:.0f} s.", "", bench.table(rows), "", "## Targets", ""]
+    lines = [*ceiling_lines, f"Data: {source}; batch {args.batch}; {args.warmup} warm-up + {args.steps} timed steps "
+             f"per row, one run each; total {time.perf_counter() - start:.0f} s.", "", bench.table(rows), "",
+             "## Targets", ""]
     lines += target_lines(speed) + skipped
     info = hardware.facts()
     out = results.report_path("gpu_check", info["gpu"])  # without a GPU only a dry run, kept out of docs/

@@ -237,3 +237,20 @@ def test_printed_newton_schulz_sentence_holds_on_every_class(hardware_class, cls
     line = muon.describe(dtype)
     native = hardware.facts()["bf16_native"] if hardware.has_gpu() else hardware.cpu_bf16_native()
     assert ("bfloat16" in line) is native and ("no native bf16" in line) is (not native)
+
+
+@pytest.mark.parametrize("cls", hardware.CPU_CLASSES)
+def test_printed_int8_roof_lines_hold_on_every_class(hardware_class, cls):
+    """Lesson 07's roof lines: an int8 roof only where the class has an int8 unit and an int8 ceiling exists, never
+    a share above 100 % for times no faster than the roofs, and short lines."""
+    spec = hardware_class(cls)
+    rows = {"matmul fp32": ceilings.Ceiling("matmul fp32", "compute", (1e11,)),
+            "memory": ceilings.Ceiling("memory", "memory", (1e10,))}
+    if spec.flags & set(hardware.CPU_INT8_FLAGS):
+        rows["matmul int8"] = ceilings.Ceiling("matmul int8", "compute", (4e11,))
+    ceil = ceilings.Ceilings("test", "cpu", "full", 1, torch.__version__, rows)
+    lines = compress.int8_roof_lines(1e9, 400_000, int8_s=5e-3, fp32_s=2e-2, ceil=ceil)
+    native = bool(spec.flags & set(hardware.CPU_INT8_FLAGS))
+    assert ("of the int8 roof" in lines[1]) is native and ("no int8 roof here" in lines[1]) is (not native)
+    assert all(len(line) <= 120 for line in lines), lines
+    assert "50% of the fp32 roof" in lines[0] and (not native or "50% of the int8 roof" in lines[1])

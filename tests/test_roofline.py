@@ -117,7 +117,7 @@ def test_measure_times_every_ceiling_through_the_injected_timer():
 
     found = ceilings.measure("cpu", size="smoke", time_fn=fake_time)
     assert found.formats()[0] == "fp32" and {"memory", "per op"} <= set(found.rows)
-    assert found.rate() == pytest.approx(2 * ceilings.SMOKE_MATMUL_N**3 / 0.01)
+    assert found.rows["matmul fp32"].best == pytest.approx(2 * ceilings.SMOKE_MATMUL_N**3 / 0.01)
     assert found.per_op == pytest.approx(0.01 / ceilings.LOOP_OPS)
     assert all(t == ceilings.SECONDS["smoke"] for t in calls) and len(calls) == len(found.rows)
 
@@ -133,7 +133,8 @@ def test_a_noisy_ceiling_is_remeasured_and_one_that_stays_noisy_is_not_saved(tmp
         return steady if seen.count(fn) > 1 else busy
 
     found = ceilings.measure("cpu", size="smoke", time_fn=settles)
-    assert not found.noisy() and found.rate() == pytest.approx(2 * ceilings.SMOKE_MATMUL_N**3 / 0.01)
+    assert not found.noisy()
+    assert found.rows["matmul fp32"].best == pytest.approx(2 * ceilings.SMOKE_MATMUL_N**3 / 0.01)
     assert ceilings.save(found).exists()
     calls = []
     stays = ceilings.measure("cpu", size="smoke", time_fn=lambda fn, min_run_time: calls.append(fn) or busy)

@@ -1,0 +1,86 @@
+"""Lesson 06's model of a data-parallel step: what N processes pay beyond one, each part measured in spawned gloo
+workers. A ring all-reduce sends 2(N-1)/N of the gradient bytes per process, at the measured bandwidth, plus a fixed
+latency per call (per DDP bucket); and on shared cores each process's own step runs slower beside the others
+(memory, cache and cores shared). The predicted scaling efficiency is one process's step over the modelled one."""
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from .parallel import Job, toy_data, toy_model, train_steps
+
+BUCKET_BYTES = 25 * 2**20  # DDP's default bucket cap (bucket_cap_mb=25): one all-reduce call per bucket
+SIZES = (4, 2**24)  # all-reduce sizes in bytes: one is all latency, 16 MiB mostly bytes
+REPEATS = 7  # timed all-reduces per size, and rounds of the step alone and beside the others
+
+
+def _cost_worker(rank: int, job: Job, sizes: tuple[int, ...], repeats: int) -> None:
+    job.join(rank, max(1, (os.cpu_count() or 1) // job.world))
+    try:
+        found = {"allreduce_s": {}, "alone_s": [], "beside_s": []}
+        for nbytes in sizes:  # the median call per size, after one untimed call that sets up gloo's buffers
+            buf, took = torch.zeros(max(1, nbytes // 4)), []
+            for _ in range(repeats + 1):
+                dist.barrier()  # every rank enters together: the time is the exchange, not a wait for a peer
+                start = time.perf_counter()  # a host clock: gloo runs on the CPU, nothing to synchronize
+                dist.all_reduce(buf)
+                took.append(time.perf_counter() - start)
+            found["allreduce_s"][nbytes] = statistics.median(took[1:])
+        xs, ys = toy_data(job.steps, job.batch, job.model, job.seed)  # a whole batch per process, as DDP's rows
+        train_steps(toy_model(job.model, job.seed), xs[:2], ys[:2])  # untimed warm-up: allocations, kernel choice
+        for beside in (False, True) * repeats:  # rank 0's steps alone, then with every rank stepping beside it
+            dist.barrier()
+            if rank == 0 or beside:
+                net, start = toy_model(job.model, job.seed), time.perf_counter()
+                train_steps(net, xs, ys)  # no communication: the cost of sharing the cores, memory and cache
+                found["beside_s" if beside else "alone_s"].append((time.perf_counter() - start) / job.steps)
+        if rank == 0:
+            torch.save(found, job.out)
+        job.leave()
+    finally:
+        dist.destroy_process_group()
+
+
+def measure(world: int = 2, sizes: tuple[int, ...] = SIZES, repeats: int = REPEATS, model: str = "lenet",
+            batch: int = 64, steps: int = 40) -> dict:
+    """In `world` spawned gloo workers: the median all-reduce seconds of each size in bytes ("allreduce_s": bytes
+    -> s), and rank 0's seconds per training step of `model` (no communication), alone and with every rank stepping
+    beside it ("alone_s", "beside_s": one figure per round, the two alternating)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Job(world=world, store=f"{tmp}/store", out=Path(tmp) / "rank0.pt", steps=steps, batch=batch,
+                  model=model, seed=0)
+        mp.start_processes(_cost_worker, nprocs=world, start_method="spawn", join=True, args=(job, sizes, repeats))
+        return torch.load(job.out, weights_only=True)
+
+
+def link(allreduce_s: dict, world: int) -> tuple[float, float]:
+    """(latency s, bandwidth bytes/s) from the smallest and largest all-reduce: the smallest is all latency; the
+    largest's time beyond it carries 2(N-1)/N of its bytes per process (a ring all-reduce)."""
+    small, large = min(allreduce_s), max(allreduce_s)
+    latency = allreduce_s[small]
+    return latency, ring_bytes(large, world) / max(allreduce_s[large] - latency, 1e-12)
+
+
+def ring_bytes(grad_bytes: float, world: int) -> float:
+    """Bytes each process sends (and receives) in a ring all-reduce of `grad_bytes`: 2(N-1)/N of them."""
+    return 2 * (world - 1) / world * grad_bytes
+
+
+def predict(step_s: float, grad_bytes: float, world: int, *, latency: float, bandwidth: float,
+            beside_ratio: float = 1.0) -> dict:
+    """One process's step `step_s` on N processes: its compute slowed by `beside_ratio` (the step beside the others
+    over alone), plus one latency per DDP bucket and the ring's bytes at `bandwidth`. Seconds per part, the modelled
+    step, and the efficiency it predicts (one process's step over it: weak scaling, the same batch per process)."""
+    parts = {"compute": step_s, "sharing the cores": step_s * (beside_ratio - 1),
+             "all-reduce latency": latency * max(1, math.ceil(grad_bytes / BUCKET_BYTES)),
+             "all-reduce bytes": ring_bytes(grad_bytes, world) / bandwidth}
+    step = sum(parts.values())
+    return {"parts": parts, "step_s": step, "efficiency": step_s / step}

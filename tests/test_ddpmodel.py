@@ -1,0 +1,25 @@
+"""Lesson 06's model of a data-parallel step (course_lib.ddpmodel) from injected measurements: the ring's bytes, the
+link fitted from two all-reduce sizes, and the predicted efficiency. No clock, no processes."""
+import pytest
+
+from course_lib import ddpmodel
+
+
+def test_ring_bytes_and_the_link_from_two_sizes():
+    assert ddpmodel.ring_bytes(1000, 2) == pytest.approx(1000) and ddpmodel.ring_bytes(1000, 4) == pytest.approx(1500)
+    # 50 us for 4 bytes; 16 MiB in 50 us + 16 MiB / 2 GB/s on 2 processes (the ring sends 16 MiB per process)
+    times = {4: 5e-5, 2**24: 5e-5 + 2**24 / 2e9}
+    latency, bandwidth = ddpmodel.link(times, 2)
+    assert latency == pytest.approx(5e-5) and bandwidth == pytest.approx(2e9)
+
+
+def test_prediction_adds_sharing_latency_and_bytes():
+    m = ddpmodel.predict(0.010, 250_000, 2, latency=1e-4, bandwidth=1e9, beside_ratio=1.3)
+    assert m["parts"]["sharing the cores"] == pytest.approx(0.003)
+    assert m["parts"]["all-reduce latency"] == pytest.approx(1e-4)  # one bucket: 250 kB under DDP's 25 MiB cap
+    assert m["parts"]["all-reduce bytes"] == pytest.approx(250_000 / 1e9)
+    assert m["step_s"] == pytest.approx(0.010 + 0.003 + 1e-4 + 2.5e-4)
+    assert m["efficiency"] == pytest.approx(0.010 / m["step_s"])
+    big = ddpmodel.predict(0.010, 60 * 2**20, 2, latency=1e-4, bandwidth=1e9)
+    assert big["parts"]["all-reduce latency"] == pytest.approx(3e-4)  # 60 MiB: three 25 MiB buckets
+    assert big["parts"]["sharing the cores"] == 0 and big["efficiency"] < 1
