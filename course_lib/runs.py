@@ -70,7 +70,10 @@ UNACTIONABLE = ((r".*isinstance\(treespec, LeafSpec\)` is deprecated.*", ""),
                 # torch 2.11's torch.export.load wraps its own archive's bytes (compress.load_program; gone by 2.14)
                 (r"The given buffer is not writable, and PyTorch does not support non-writable tensors.*", ""),
                 # torch 2.14's own int8 lowering copies a tensor the way it warns users not to; course code does not
-                (r"To copy construct from a tensor", r"torch\._inductor\..*"))
+                (r"To copy construct from a tensor", r"torch\._inductor\..*"),
+                # a mixed-precision fit's model summary: its size counts the fp32 weights, which is what mixed precision
+                # stores, so the warning's "will not be accurate" does not apply (the CLI fits in the policy's bf16)
+                (r"Precision [\w-]+ is not supported by the model summary", ""))
 
 
 #: Lightning's notices (its rank-zero info lines) that the CLI hides: the devices it found, its tips, its bookkeeping
