@@ -330,7 +330,10 @@ def lesson_items(lesson: str, e: Estimator, size: str = "full") -> list[Item]:
         runs = 1 + seeds + 2  # rung 5, the seeds, the twin and the barebones run
         add(e.steps(f"rung 5, {seeds} seeds, twin, barebones: {runs} x {s.epochs} epochs, {e.mixed}", "airnet", bs,
                     runs * steps_big, precision="mixed", width=widths, on_device=True))
-        tests = 4 + 6 * (runs + 1)  # 4 plain test passes; TTA level 2 is 6 views
+        rungs = seeds + 1 + 4  # rung 6 (Muon): the seeds and a warm-up; rung 7: its four changes, one run each
+        add(e.steps(f"rungs 6-7 (Muon, the record's changes): {rungs} x about {s.epochs} epochs, {e.mixed}", "airnet",
+                    bs, rungs * steps_big, precision="mixed", width=widths, on_device=True))
+        tests = 4 + 6 * (runs + 1 + rungs) + 3  # 4 plain test passes; TTA level 2 is 6 views; selective TTA ~2.5
         add(e.steps(f"tests: {tests} passes over the test split", "airnet", bs, tests * ev(bs), train=False,
                     precision="mixed", width=widths, on_device=True))
         add(e.copy("the split to the device as uint8, twice (loader rungs move float batches, counted above)",

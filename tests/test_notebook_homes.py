@@ -34,7 +34,6 @@ ALLOWED: dict[tuple[str, str], tuple[int, str]] = {
     ("07_quantization.ipynb", "perf_counter"): (3, OWNER_FIXING),
     ("07_quantization.ipynb", "torch._int_mm"): (1, OWNER_FIXING),
     ("07_quantization.ipynb", "torch.cuda.is_available"): (2, OWNER_FIXING),
-    ("08_capstone.ipynb", "perf_counter"): (3, OWNER_FIXING),
 }
 
 
