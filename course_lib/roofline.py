@@ -17,7 +17,11 @@ from . import ceilings, timing, verdict
 from .internals import TorchDispatchMode  # the hook that sees every aten op; torch names it only privately
 
 KINDS = ("compute", "memory", "overhead")
-NO_TRAFFIC = ("empty", "detach", "lift_fresh", "alias")  # op names that allocate or relabel, moving no data
+NO_TRAFFIC = ("empty", "detach", "lift_fresh", "alias", "_record_function")  # allocate, relabel or mark: no data
+TRANSCENDENTAL = ("tanh", "exp", "log", "sigmoid", "softmax", "gelu", "erf", "pow", "sqrt", "rsqrt", "sin")
+CACHE_ROWS = ("memory cache", "bandwidth cache", "cache")  # lesson 00's cache-sized copy, where measured
+TRANSCENDENTAL_ROWS = ("transcendental", "tanh", "exp")  # lesson 00's transcendental rate (elements/s), where measured
+DISPATCH_ROWS = ("dispatch eager", "per op eager")  # the fixed cost of one eager op, where measured apart
 PREDICTION_FACTOR = 3.0  # lesson 00's exercise: a prediction within 3x of the measured time passes
 
 
@@ -28,6 +32,7 @@ class Op:
     name: str
     flops: int
     bytes: int
+    matmul: bool = False  # a matrix product or convolution (FlopCounterMode's formulas): runs at the matmul rate
 
 
 @dataclass
@@ -64,7 +69,8 @@ class _OpRecorder(TorchDispatchMode):
             flops = flop_registry[packet](*args, **kwargs, out_val=out)
         else:
             flops = sum(t.numel() for t in outs) if torch.Tag.pointwise in func.tags else 0
-        self.ops.append(Op(name, int(flops), sum(t.numel() * t.element_size() for t in ins + outs)))
+        self.ops.append(Op(name, int(flops), sum(t.numel() * t.element_size() for t in ins + outs),
+                           packet in flop_registry))
         return out
 
 
@@ -107,18 +113,51 @@ def bound(flops: float, moved: float, ops: int, *, rate: float, bandwidth: float
     return Bound({"compute": flops / rate, "memory": moved / bandwidth, "overhead": ops * per_op})
 
 
-def op_bound(op: Op, ceil: ceilings.Ceilings, fmt: str = "fp32") -> Bound:
-    """One op against the ceilings; only matrix products and convolutions run at the matmul rate of `fmt`."""
-    return bound(op.flops, op.bytes, 1, rate=ceil.rate(fmt), bandwidth=ceil.bandwidth, per_op=ceil.per_op)
+def _row(ceil: ceilings.Ceilings, *names: str) -> float | None:
+    """The best figure of the first of `names` that lesson 00 measured, None if none was."""
+    return next((ceil.rows[n].best for n in names if n in ceil.rows), None)
 
 
-def step_model(counts: Counts, ceil: ceilings.Ceilings, fmt: str = "fp32") -> dict:
-    """Each op against the ceilings, one after another: predicted seconds (sum of each op's bound) and the share of
-    it in ops bound by compute, memory and overhead; `kind` is the largest share."""
+def op_class(op: Op) -> str:
+    """The ceiling an op is held to: "matmul" (products, convolutions), "transcendental" (tanh, exp, log, ...: their
+    elements at the measured transcendental rate, where one was measured) or "elementwise" (bytes at a bandwidth)."""
+    return "matmul" if op.matmul else "transcendental" if op.name.lstrip("_").startswith(TRANSCENDENTAL) else \
+        "elementwise"
+
+
+def bandwidth(ceil: ceilings.Ceilings, moved: float) -> float:
+    """The bandwidth an op moving `moved` bytes is held to: the cache's where lesson 00 measured one and the bytes fit
+    in the last-level cache (they stay there between ops), else DRAM's (the copy past the cache)."""
+    cache = _row(ceil, *CACHE_ROWS)
+    return cache if cache and moved <= ceilings.llc_bytes(ceil.device) else ceil.bandwidth
+
+
+def per_op(ceil: ceilings.Ceilings) -> float:
+    """The fixed cost each eager op pays: the eager dispatch cost where measured, else the tiny-op loop's."""
+    return _row(ceil, *DISPATCH_ROWS) or ceil.per_op
+
+
+def op_bound(op: Op, ceil: ceilings.Ceilings, fmt: str = "fp32", rate: float | None = None) -> Bound:
+    """One op against the ceilings of its class (op_class): products and convolutions at the matmul rate of `fmt`
+    (or `rate`, a measured rate where the format is emulated), bytes at the bandwidth its size allows, transcendental
+    elements at their measured rate; the fixed cost per op (per_op) beside them."""
+    flops = op.flops if op.matmul else 0
+    tr = _row(ceil, *TRANSCENDENTAL_ROWS) if op_class(op) == "transcendental" else None
+    secs = {"compute": flops / (rate or ceil.rate(fmt)) + (op.flops / tr if tr else 0.0),
+            "memory": op.bytes / bandwidth(ceil, op.bytes), "overhead": per_op(ceil)}
+    return Bound(secs)
+
+
+def step_model(counts: Counts, ceil: ceilings.Ceilings, fmt: str = "fp32", rate: float | None = None) -> dict:
+    """Each op against the ceilings of its class, one after another: an op's work takes the longer of its compute and
+    its memory time, plus the fixed cost per op; predicted seconds are their sum, with the share of it spent bound by
+    compute, memory and the per-op cost (overhead); `kind` is the largest share."""
     share = dict.fromkeys(KINDS, 0.0)
     for op in counts.ops:
-        b = op_bound(op, ceil, fmt)
-        share[b.kind] += b.predicted
+        b = op_bound(op, ceil, fmt, rate)
+        work = max(b.seconds["compute"], b.seconds["memory"])
+        share["compute" if b.seconds["compute"] >= b.seconds["memory"] else "memory"] += work
+        share["overhead"] += b.seconds["overhead"]
     total = sum(share.values())
     return {"predicted": total, "share": {k: v / total for k, v in share.items()} if total else share,
             "kind": max(share, key=share.get)}
@@ -129,15 +168,18 @@ def ops(n: int) -> str:
     return f"{n:,} op{'s' * (n != 1)}"
 
 
-def explain(name: str, counts: Counts, ceil: ceilings.Ceilings, measured: list[float], fmt: str = "fp32") -> str:
-    """A printed verdict: what the step does, the bound it hits, the time that predicts and the measured time."""
-    m = step_model(counts, ceil, fmt)
+def explain(name: str, counts: Counts, ceil: ceilings.Ceilings, measured: list[float], fmt: str = "fp32",
+            rate: float | None = None) -> str:
+    """A printed verdict: what the step does, the bound it hits, the time that predicts and the measured time.
+    `rate`: the products' measured FLOP/s where `fmt` has no native ceiling (emulated), named as such."""
+    m = step_model(counts, ceil, fmt, rate)
     med = statistics.median(measured)
     shares = ", ".join(f"{m['share'][k]:.0%} {k}" for k in KINDS)
     spread = (f"{timing.duration(min(measured))}-{timing.duration(max(measured))}, {len(measured)} runs"
               if len(measured) > 1 else "a single run, no spread")
+    which = f"{fmt} (emulated: products at the measured {timing.flop_rate(rate)})" if rate else fmt
     return (f"{name}: {verdict.number(counts.flops / 1e9)} GFLOP, {verdict.number(counts.bytes / 2**20)} MiB moved, "
-            f"{ops(counts.n_ops)}, {verdict.number(counts.intensity)} FLOP/byte. Against {ceil.hardware}'s {fmt} "
+            f"{ops(counts.n_ops)}, {verdict.number(counts.intensity)} FLOP/byte. Against {ceil.hardware}'s {which} "
             f"ceilings it is {m['kind']}-bound (predicted time by bound: {shares}); the model predicts "
             f"{timing.duration(m['predicted'])}, measured {timing.duration(med)} (median; "
             f"{spread}): {verdict.number(med / m['predicted'])}x the prediction")

@@ -78,11 +78,11 @@ def test_bound_picks_the_ceiling_that_takes_longest():
 
 def test_step_model_sums_each_ops_bound_and_shares_it_by_kind():
     ceil = fake_ceilings()
-    counts = roofline.Counts([roofline.Op("mm", int(1e10), int(1e6)), roofline.Op("add", 10, int(1e8)),
+    counts = roofline.Counts([roofline.Op("mm", int(1e10), int(1e6), True), roofline.Op("add", 10, int(1e8)),
                               *[roofline.Op("tiny", 1, 4)] * 100], 0)
-    m = roofline.step_model(counts, ceil)
-    assert m["predicted"] == pytest.approx(0.1 + 0.01 + 100 * 1e-5)
-    assert m["kind"] == "compute" and m["share"]["memory"] == pytest.approx(0.01 / m["predicted"])
+    m = roofline.step_model(counts, ceil)  # each op's work bound plus the fixed cost of every op
+    assert m["predicted"] == pytest.approx(0.1 + 0.01 + 102 * 1e-5 + 100 * 4 / 1e10)
+    assert m["kind"] == "compute" and m["share"]["memory"] == pytest.approx((0.01 + 400 / 1e10) / m["predicted"])
     line = roofline.explain("step", counts, ceil, [0.2, 0.22, 0.25])
     assert "compute-bound" in line and "measured 220 ms" in line and "test machine" in line
     counts.matmul_flops = int(1e10)  # the mm's: pointwise FLOPs do not count towards the matmul ceiling

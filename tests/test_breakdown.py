@@ -1,0 +1,102 @@
+"""Where the time goes, without a clock: the step model's classes (matmul, cache or DRAM bandwidth, transcendental,
+per-op cost), the breakdown's rows, table, reconciliation and sentence on an injected Breakdown, the profiler's
+events grouped by the ops the model counts, and one tiny step broken down for real with injected step times."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from course_lib import breakdown, ceilings, roofline
+
+
+
+def fake_ceilings(rate=1e11, bandwidth=1e10, per_op=1e-5) -> ceilings.Ceilings:
+    """Ceilings with one block each (no clock): rate FLOP/s, bandwidth bytes/s, per_op seconds."""
+    rows = {"matmul fp32": ceilings.Ceiling("matmul fp32", "compute", (rate,)),
+            "memory": ceilings.Ceiling("memory", "memory", (bandwidth,)),
+            "per op": ceilings.Ceiling("per op", "overhead", (per_op,))}
+    return ceilings.Ceilings("test machine", "cpu", "full", torch.get_num_threads(), torch.__version__, rows)
+
+
+def with_rows(ceil: ceilings.Ceilings, **rows: tuple[str, float]) -> ceilings.Ceilings:
+    """ceil with extra one-block ceilings: name=(kind, figure)."""
+    for name, (kind, value) in rows.items():
+        ceil.rows[name.replace("_", " ")] = ceilings.Ceiling(name.replace("_", " "), kind, (value,))
+    return ceil
+
+
+def test_step_model_sums_each_ops_work_bound_plus_the_per_op_cost():
+    ceil = fake_ceilings(rate=1e11, bandwidth=1e10, per_op=1e-5)
+    counts = roofline.Counts([roofline.Op("mm", int(1e9), int(1e6), True), roofline.Op("add", 10, int(1e7))], 0)
+    m = roofline.step_model(counts, ceil)
+    assert m["predicted"] == pytest.approx(0.01 + 0.001 + 2e-5)  # compute + memory + two ops' fixed cost
+    assert m["share"]["overhead"] == pytest.approx(2e-5 / m["predicted"]) and m["kind"] == "compute"
+    emulated = roofline.step_model(counts, ceil, rate=1e10)  # a measured, slower rate for an emulated format
+    assert emulated["predicted"] == pytest.approx(0.1 + 0.001 + 2e-5)
+    assert "emulated: products at the measured 10.0 GFLOP/s" in roofline.explain("s", counts, ceil, [0.2], rate=1e10)
+
+
+def test_small_working_sets_take_the_cache_bandwidth_and_transcendentals_their_rate(monkeypatch):
+    monkeypatch.setattr(ceilings, "llc_bytes", lambda device: 2**20)
+    ceil = with_rows(fake_ceilings(bandwidth=1e10), memory_cache=("memory", 1e11), transcendental=("compute", 1e8))
+    small, large = roofline.Op("add", 0, 2**19), roofline.Op("add", 0, 2**21)
+    assert roofline.op_bound(small, ceil).seconds["memory"] == pytest.approx(2**19 / 1e11)
+    assert roofline.op_bound(large, ceil).seconds["memory"] == pytest.approx(2**21 / 1e10)
+    tanh = roofline.Op("tanh", 10**6, 8)
+    assert roofline.op_class(tanh) == "transcendental" and roofline.op_bound(tanh, ceil).kind == "compute"
+    assert roofline.op_bound(tanh, ceil).seconds["compute"] == pytest.approx(10**6 / 1e8)
+    assert roofline.op_class(roofline.Op("convolution", 1, 1, True)) == "matmul"
+
+
+def fake_breakdown(python: float = 0.2e-3, measured=(1.0e-3, 1.1e-3, 1.2e-3)) -> breakdown.Breakdown:
+    """A LeNet-like step: a convolution far below its bound, an add at it, Python and the optimiser beside them."""
+    ops = {"convolution": {"calls": 2, "measured": 0.5e-3, "bound": 0.1e-3, "kind": "compute"},
+           "add_": {"calls": 10, "measured": 0.1e-3, "bound": 0.1e-3, "kind": "memory"}}
+    overhead = {"optimiser (Python)": 0.15e-3, "autograd engine": 0.05e-3, breakdown.PYTHON: python}
+    return breakdown.rows(breakdown.Breakdown(ops, overhead, list(measured), 1.0e-3 + python - 0.2e-3 + 0.1e-3,
+                                              0.2e-3, "test machine", steps=30))
+
+
+def test_rows_table_and_sentence_name_the_largest_gap_and_its_cause():
+    bd = fake_breakdown()
+    assert [r["name"] for r in bd.rows][:2] == ["convolution", breakdown.PYTHON]
+    text = breakdown.table(bd, top=3)
+    assert text.count("\n| ") == 3 and "| convolution | 2 | 500 µs" in text and "20%" in text  # bound / measured
+    assert "not in the model" in text and "test machine" in text
+    line = breakdown.sentence(bd)
+    assert line.startswith("Largest gap: convolution, 400 µs a step over the model, at 20% of its bound")
+    assert breakdown.CAUSES["compute"] in line and len(line) <= 120
+    worse = fake_breakdown(python=0.9e-3)  # Python between ops now the largest gap
+    assert breakdown.sentence(worse).startswith(f"Largest gap: {breakdown.PYTHON}, 900 µs")
+
+
+def test_reconcile_prints_the_profilers_own_overhead_and_the_shares():
+    bd = fake_breakdown()  # profiled 1.1 ms, measured 1.1 ms median
+    assert bd.overhead_s == pytest.approx(0.0, abs=1e-12)
+    line = breakdown.reconcile(bd)
+    assert "1.10 ms timed outside the profiler (median; 1.00 ms-1.20 ms, 3 runs)" in line
+    assert "55% ran in the 2 kinds of op" in line and "between recorded events" in line
+    busy = fake_breakdown(measured=(2e-3,))
+    assert "busier while timing" in breakdown.reconcile(busy)
+    assert bd.recorded == pytest.approx(1 - 0.2 / 1.1)
+
+
+def test_a_tiny_step_broken_down_for_real_groups_the_profilers_time_by_the_counted_ops():
+    net = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    x, y = torch.randn(32, 16), torch.randint(0, 4, (32,))
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+
+    bd = breakdown.measure(step, fake_ceilings(), measured=[1e-3, 1e-3], steps=3)  # the step time injected
+    assert {"addmm", "mm", "relu"} <= set(bd.ops) and bd.ops["addmm"]["calls"] == 2 and bd.steps == 3
+    assert "_record_function_enter_new" not in bd.ops  # the optimiser's profiler marks move no data
+    assert bd.ops["addmm"]["measured"] > 0 and "optimiser (Python)" in bd.overhead
+    total = sum(r["measured"] for r in bd.ops.values()) + sum(bd.overhead.values())
+    assert total == pytest.approx(bd.profiled, rel=1e-6) or bd.overhead[breakdown.PYTHON] == 0
+    assert bd.predicted == pytest.approx(roofline.step_model(bd.counts, fake_ceilings())["predicted"])
+    assert breakdown.explain(bd, "tiny", fake_ceilings()).startswith("tiny: ")
