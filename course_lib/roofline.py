@@ -19,9 +19,7 @@ from .internals import TorchDispatchMode  # the hook that sees every aten op; to
 KINDS = ("compute", "memory", "overhead")
 NO_TRAFFIC = ("empty", "detach", "lift_fresh", "alias", "_record_function")  # allocate, relabel or mark: no data
 TRANSCENDENTAL = ("tanh", "exp", "log", "sigmoid", "softmax", "gelu", "erf", "pow", "sqrt", "rsqrt", "sin")
-CACHE_ROWS = ("memory cache", "bandwidth cache", "cache")  # lesson 00's cache-sized copy, where measured
-TRANSCENDENTAL_ROWS = ("transcendental", "tanh", "exp")  # lesson 00's transcendental rate (elements/s), where measured
-DISPATCH_ROWS = ("dispatch eager", "per op eager")  # the fixed cost of one eager op, where measured apart
+FRESH_BYTES = 4 * 2**20  # an output this large is assumed to land on newly mapped pages (glibc maps large blocks)
 PREDICTION_FACTOR = 3.0  # lesson 00's exercise: a prediction within 3x of the measured time passes
 
 
@@ -33,6 +31,7 @@ class Op:
     flops: int
     bytes: int
     matmul: bool = False  # a matrix product or convolution (FlopCounterMode's formulas): runs at the matmul rate
+    fresh: int = 0  # bytes of output the op allocates (not in place, no out=): new pages where they are large
 
 
 @dataclass
@@ -69,8 +68,9 @@ class _OpRecorder(TorchDispatchMode):
             flops = flop_registry[packet](*args, **kwargs, out_val=out)
         else:
             flops = sum(t.numel() for t in outs) if torch.Tag.pointwise in func.tags else 0
+        fresh = 0 if name.endswith("_") or "out" in kwargs else sum(t.numel() * t.element_size() for t in outs)
         self.ops.append(Op(name, int(flops), sum(t.numel() * t.element_size() for t in ins + outs),
-                           packet in flop_registry))
+                           packet in flop_registry, fresh))
         return out
 
 
@@ -95,7 +95,8 @@ def count(fn: Callable, *args, **kwargs) -> Counts:
 def fused(counts: Counts, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> Counts:
     """The same FLOPs as one fused kernel: it reads `inputs` and writes `outputs` once, intermediates stay on chip."""
     moved = sum(t.numel() * t.element_size() for t in [*inputs, *outputs])
-    return Counts([Op("fused", counts.flops, moved)], counts.matmul_flops)
+    return Counts([Op("fused", counts.flops, moved, fresh=sum(t.numel() * t.element_size() for t in outputs))],
+                  counts.matmul_flops)
 
 
 @dataclass(frozen=True)
@@ -113,39 +114,40 @@ def bound(flops: float, moved: float, ops: int, *, rate: float, bandwidth: float
     return Bound({"compute": flops / rate, "memory": moved / bandwidth, "overhead": ops * per_op})
 
 
-def _row(ceil: ceilings.Ceilings, *names: str) -> float | None:
-    """The best figure of the first of `names` that lesson 00 measured, None if none was."""
-    return next((ceil.rows[n].best for n in names if n in ceil.rows), None)
+def _row(ceil: ceilings.Ceilings, name: str) -> float | None:
+    """The best figure of the ceiling `name` where lesson 00 measured it, else None."""
+    return ceil.rows[name].best if name in ceil.rows else None
 
 
 def op_class(op: Op) -> str:
-    """The ceiling an op is held to: "matmul" (products, convolutions), "transcendental" (tanh, exp, log, ...: their
-    elements at the measured transcendental rate, where one was measured) or "elementwise" (bytes at a bandwidth)."""
+    """An op's class: "matmul" (products, convolutions), "transcendental" (tanh, exp, ...) or "elementwise"."""
     return "matmul" if op.matmul else "transcendental" if op.name.lstrip("_").startswith(TRANSCENDENTAL) else \
         "elementwise"
 
 
 def bandwidth(ceil: ceilings.Ceilings, moved: float) -> float:
-    """The bandwidth an op moving `moved` bytes is held to: the cache's where lesson 00 measured one and the bytes fit
-    in the last-level cache (they stay there between ops), else DRAM's (the copy past the cache)."""
-    cache = _row(ceil, *CACHE_ROWS)
-    return cache if cache and moved <= ceilings.llc_bytes(ceil.device) else ceil.bandwidth
+    """Bytes/s for an op moving `moved` bytes: the cache's bandwidth where they fit in it (lesson 00), else DRAM's."""
+    return ceil.bandwidth_for(moved) if hasattr(ceil, "bandwidth_for") else ceil.bandwidth
 
 
-def per_op(ceil: ceilings.Ceilings) -> float:
-    """The fixed cost each eager op pays: the eager dispatch cost where measured, else the tiny-op loop's."""
-    return _row(ceil, *DISPATCH_ROWS) or ceil.per_op
+def first_touch(ceil: ceilings.Ceilings, op: Op) -> float:
+    """Seconds the op's fresh output costs beyond a reused one (lesson 00's fresh and reused adds apart), for outputs
+    of FRESH_BYTES or more: the allocator hands those out as newly mapped pages; smaller ones reuse freed memory."""
+    return getattr(ceil, "first_touch", 0.0) * op.fresh if op.fresh >= FRESH_BYTES else 0.0
+
+
+def per_op(ceil: ceilings.Ceilings, op: Op | None = None) -> float:
+    """The fixed cost each op pays: a fused kernel one compiled call's, where measured; else one eager op's."""
+    return (_row(ceil, "per call compiled") if op is not None and op.name == "fused" else None) or ceil.per_op
 
 
 def op_bound(op: Op, ceil: ceilings.Ceilings, fmt: str = "fp32", rate: float | None = None) -> Bound:
     """One op against the ceilings of its class (op_class): products and convolutions at the matmul rate of `fmt`
     (or `rate`, a measured rate where the format is emulated), bytes at the bandwidth its size allows, transcendental
     elements at their measured rate; the fixed cost per op (per_op) beside them."""
-    flops = op.flops if op.matmul else 0
-    tr = _row(ceil, *TRANSCENDENTAL_ROWS) if op_class(op) == "transcendental" else None
-    secs = {"compute": flops / (rate or ceil.rate(fmt)) + (op.flops / tr if tr else 0.0),
-            "memory": op.bytes / bandwidth(ceil, op.bytes), "overhead": per_op(ceil)}
-    return Bound(secs)
+    tr = _row(ceil, "tanh") if op_class(op) == "transcendental" else None  # elements/s
+    return Bound({"compute": (op.flops if op.matmul else 0) / (rate or ceil.rate(fmt)) + (op.flops / tr if tr else 0.0),
+                  "memory": op.bytes / bandwidth(ceil, op.bytes) + first_touch(ceil, op), "overhead": per_op(ceil, op)})
 
 
 def step_model(counts: Counts, ceil: ceilings.Ceilings, fmt: str = "fp32", rate: float | None = None) -> dict:

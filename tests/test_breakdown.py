@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from course_lib import breakdown, ceilings, roofline
 
 
-
 def fake_ceilings(rate=1e11, bandwidth=1e10, per_op=1e-5) -> ceilings.Ceilings:
     """Ceilings with one block each (no clock): rate FLOP/s, bandwidth bytes/s, per_op seconds."""
     rows = {"matmul fp32": ceilings.Ceiling("matmul fp32", "compute", (rate,)),
@@ -37,16 +36,21 @@ def test_step_model_sums_each_ops_work_bound_plus_the_per_op_cost():
     assert "emulated: products at the measured 10.0 GFLOP/s" in roofline.explain("s", counts, ceil, [0.2], rate=1e10)
 
 
-def test_small_working_sets_take_the_cache_bandwidth_and_transcendentals_their_rate(monkeypatch):
-    monkeypatch.setattr(ceilings, "llc_bytes", lambda device: 2**20)
-    ceil = with_rows(fake_ceilings(bandwidth=1e10), memory_cache=("memory", 1e11), transcendental=("compute", 1e8))
-    small, large = roofline.Op("add", 0, 2**19), roofline.Op("add", 0, 2**21)
+def test_small_working_sets_take_the_cache_bandwidth_fresh_outputs_their_pages_and_tanh_its_rate():
+    ceil = with_rows(fake_ceilings(bandwidth=1e10), tanh=("pointwise", 1e8))
+    ceil.bandwidth_for = lambda moved: 1e11 if moved <= 2**20 else 1e10  # lesson 00's cache and DRAM rows
+    ceil.first_touch = 1e-10  # seconds per fresh byte beyond a reused output
+    small, large = roofline.Op("add", 0, 2**19), roofline.Op("add", 0, 2**23)
     assert roofline.op_bound(small, ceil).seconds["memory"] == pytest.approx(2**19 / 1e11)
-    assert roofline.op_bound(large, ceil).seconds["memory"] == pytest.approx(2**21 / 1e10)
+    assert roofline.op_bound(large, ceil).seconds["memory"] == pytest.approx(2**23 / 1e10)
+    fresh = roofline.Op("add", 0, 3 * 2**22, fresh=2**22)  # a 4 MiB output allocated by the op
+    assert roofline.op_bound(fresh, ceil).seconds["memory"] == pytest.approx(3 * 2**22 / 1e10 + 2**22 * 1e-10)
     tanh = roofline.Op("tanh", 10**6, 8)
     assert roofline.op_class(tanh) == "transcendental" and roofline.op_bound(tanh, ceil).kind == "compute"
     assert roofline.op_bound(tanh, ceil).seconds["compute"] == pytest.approx(10**6 / 1e8)
     assert roofline.op_class(roofline.Op("convolution", 1, 1, True)) == "matmul"
+    x = torch.randn(2**21)  # 8 MiB: x + 1 allocates its output, x.add_(1) does not
+    assert [o.fresh for o in roofline.count(lambda: (x + 1, x.add_(1))).ops] == [x.nbytes, 0]
 
 
 def fake_breakdown(python: float = 0.2e-3, measured=(1.0e-3, 1.1e-3, 1.2e-3)) -> breakdown.Breakdown:
