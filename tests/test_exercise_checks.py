@@ -84,42 +84,73 @@ def test_forbidden_blocks_nest_and_leave_no_hook_behind():
     assert sys.getprofile() is before
 
 
-# ---- lesson 01: the learner's loop ------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def loop_data() -> training.LoopData:
-    """Lesson 01's images, decoded once for the module, and the starter loop's result on them."""
-    return training.inputs_01()
+# ---- lesson 01: batch a classifier, prediction first ------------------------------------------------------------
+def fake_ceil(spread: float = 1.1):
+    """Ceilings with a known spread (slowest / fastest block): the prediction's tolerance is 2x that."""
+    from course_lib import ceilings
+
+    rows = {name: ceilings.Ceiling(name, kind, (value, value * spread)) for name, kind, value in
+            (("matmul fp32", "compute", 1e11), ("memory", "memory", 3e10), ("per op", "overhead", 3e-6))}
+    return ceilings.Ceilings("test machine", "cpu", "full", 2, torch.__version__, rows)
 
 
-def test_01_starter_misses_the_loss_bar(loop_data):
-    assert exercises.check_01_loop(starter("01", 1)["train"], data=loop_data, measure=False) is False
+def timed(seconds: dict):
+    """An injected timer: the seconds of one call, by which classifier ran (the starter is the baseline)."""
+    def timer(fn):
+        with forbidden(training.one_at_a_time) as called:
+            fn()
+        return seconds["starter" if called else "yours"]
+    return timer
 
 
-def test_01_shortcuts_fail(loop_data):
-    """A bigger batch alone (no learning-rate change), the library's loop, and reading more images."""
-    import torch.nn.functional as F
+def test_01_starter_pastes_and_the_old_shortcut_fail_the_mechanism():
+    """The starter, a paste of the lesson's evaluation (loops.predict), and the old answer (a bigger batch and a
+    higher learning rate in a training loop) fail without a clock."""
     from torch.utils.data import DataLoader
 
-    def bigger_batch_only(net, train_set, images):
-        opt = torch.optim.SGD(net.parameters(), lr=0.001, momentum=0.9)
-        for x, y in DataLoader(train_set, batch_size=64, collate_fn=lambda b: b):
+    from course_lib.loops import predict
+
+    def pasted_predict(net, images):  # section 4's cell: predict(model, test_loader, DEVICE)
+        return predict(net, DataLoader(list(zip(images, images[:, 0, 0, 0])), batch_size=256))[0]
+
+    def old_shortcut(net, images):  # the old exercise's answer: batch 32, lr 0.05 (it trains, labels nothing)
+        opt = torch.optim.SGD(net.parameters(), lr=0.05)
+        for chunk in images.split(32):
             opt.zero_grad()
-            F.cross_entropy(net(x), y).backward()
+            net(chunk).sum().backward()
             opt.step()
 
-    def library_loop(net, train_set, images):
-        from course_lib.loops import train_plain
-        train_plain(net, DataLoader(train_set, batch_size=32, shuffle=True, collate_fn=lambda b: b), 1, lr=0.05)
+    def wrong_labels(net, images):
+        return torch.zeros(len(images), dtype=torch.long)
 
-    def no_training(net, train_set, images):
-        pass
-
-    for shortcut in (bigger_batch_only, library_loop, no_training):
-        assert exercises.check_01_loop(shortcut, data=loop_data, measure=False) is False, shortcut.__name__
+    for fn in (starter("01", 1)["classify"], pasted_predict, old_shortcut, wrong_labels):
+        assert exercises.check_01_batching(fn, measure=False) is False, fn.__name__
 
 
-def test_01_solution_passes_the_mechanism(loop_data):
-    assert exercises.check_01_loop(solution("01")["train"], data=loop_data, measure=False) is True
+def test_01_solution_passes_and_a_missing_or_wild_prediction_fails_with_injected_times(capsys):
+    sol = solution("01")
+    assert exercises.check_01_batching(sol["classify"], measure=False) is True
+    ceil = fake_ceil()
+    predicted = sol["predict_speedup"](ceil)
+    assert predicted > 1
+    times = timed({"starter": predicted * 1e-3, "yours": 1e-3})  # measured exactly as predicted
+    assert exercises.check_01_batching(sol["classify"], sol["predict_speedup"], ceil=ceil, timer=times,
+                                       target=1.0) is True
+    assert "2.20x" in capsys.readouterr().out  # the tolerance: 2x times the ceilings' 1.1 spread
+    assert exercises.check_01_batching(sol["classify"], None, ceil=ceil, timer=times, target=1.0) is False
+    wild = timed({"starter": 10 * predicted * 1e-3, "yours": 1e-3})  # 10x more than predicted
+    assert exercises.check_01_batching(sol["classify"], sol["predict_speedup"], ceil=ceil, timer=wild,
+                                       target=1.0) is False
+    slow = timed({"starter": 1e-3, "yours": 1e-3})  # no faster: the measured gain misses the target
+    assert exercises.check_01_batching(sol["classify"], lambda c: 1.0, ceil=ceil, timer=slow) is False
+
+
+def test_prediction_grading_tolerates_the_ceilings_spread():
+    from course_lib.exercises import core
+
+    assert core.prediction_tolerance(fake_ceil(1.5)) == pytest.approx(3.0)
+    assert core.grade_prediction("x", 4.0, 7.9, 2.0) is True and core.grade_prediction("x", 4.0, 8.1, 2.0) is False
+    assert core.grade_prediction("x", True, 1.0, 2.0) is False and core.grade_prediction("x", -1, 1.0, 2.0) is False
 
 
 # ---- lesson 02: keep the debugging setup's purpose, drop its cost --------------------------------------------

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch.nn.functional as F
 
 from course_lib import exercises
 from course_lib.exercises import Grading, compute, inference, solution
@@ -57,7 +58,11 @@ def test_warm_up_checks_show_no_answer():
 
 # ---- one measured run of every solution, generous bars --------------------------------------------------------
 def test_01_solution_measured():
-    assert exercises.check_01_loop(solution("01_pytorch_baseline")["train"], target=GENEROUS) is True
+    """The batched classifier against one image at a time, measured; the prediction is graded with injected times
+    in tests/test_exercise_checks.py (a loaded machine moves the measured ratio)."""
+    grading = Grading()
+    exercises.check_01_batching(solution("01_pytorch_baseline")["classify"], target=GENEROUS, grading=grading)
+    assert [g["passed"] for g in grading.grades] == [True]
 
 
 # lesson 02: no measured run here. Its rounds are 35 LeNet steps of a few ms, and on a loaded 2-core machine their
@@ -72,13 +77,53 @@ def test_03_solution_measured():
                                         max_wait=0.9) is True
 
 
-def test_04_starter_fails_and_solution_passes():
-    """Saved-for-backward bytes are counted, not timed: the lesson's own target, deterministic; the grades land in
-    the Grading the caller passes."""
-    assert exercises.check_04_activation_memory(compute.plain_train_step) is False
+def test_04_starter_pastes_and_shortcuts_fail_and_the_solution_passes():
+    """Saved-for-backward bytes are counted, not timed (deterministic); the time ratio the prediction is graded
+    against is injected. Section 5's cells pasted (accumulation: other gradients in training mode; one checkpoint per
+    block: about 3x) and bf16 autocast fail; the solution passes, and fails without its prediction."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    def pasted_accumulate(net, x, y, k=4):  # section 5's step_accumulate, on the check's net
+        for xs, ys in zip(x.chunk(k), y.chunk(k)):
+            (F.cross_entropy(net(xs), ys) / k).backward()
+
+    def pasted_checkpoint(net, x, y):  # section 5's step_checkpoint
+        h = x
+        for block in net.net:
+            h = checkpoint(block, h, use_reentrant=False)
+        F.cross_entropy(h, y).backward()
+
+    def bf16(net, x, y):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.cross_entropy(net(x), y)
+        loss.backward()
+
+    sol = solution("04_mixed_precision")
+    ceil = sol_ceil()
+    ratio = sol["predict_time_ratio"](ceil)
+    times = ([1.0, 1.0], [ratio, ratio])  # measured exactly as predicted
+    for step in (compute.plain_train_step, pasted_accumulate, pasted_checkpoint, bf16):
+        assert exercises.check_04_activation_memory(step, sol["predict_time_ratio"], ceil=ceil, times=times) is False
     grading = Grading()
-    assert exercises.check_04_activation_memory(solution("04_mixed_precision")["train_step"], grading=grading) is True
+    assert exercises.check_04_activation_memory(sol["train_step"], sol["predict_time_ratio"], ceil=ceil, times=times,
+                                                grading=grading) is True
     assert [g["passed"] for g in grading.grades] == [True]
+    assert exercises.check_04_activation_memory(sol["train_step"], None, ceil=ceil, times=times) is False
+    wild = ([1.0, 1.0], [5 * ratio, 5 * ratio])
+    assert exercises.check_04_activation_memory(sol["train_step"], sol["predict_time_ratio"], ceil=ceil,
+                                                times=wild) is False
+
+
+def sol_ceil():
+    """Ceilings with one steady block each (no clock): the prediction's tolerance is 2x."""
+    import torch
+
+    from course_lib import ceilings
+
+    rows = {name: ceilings.Ceiling(name, kind, (value,)) for name, kind, value in
+            (("matmul fp32", "compute", 1e11), ("memory", "memory", 3e10), ("per op", "overhead", 3e-6))}
+    return ceilings.Ceilings("test machine", "cpu", "full", 2, torch.__version__, rows)
 
 
 def test_05_solution_measured():

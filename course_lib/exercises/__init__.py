@@ -12,9 +12,9 @@ from .compute import check_04_activation_memory, check_05_fusion
 from .core import Grading, forbidden, torch_calls
 from .datapath import check_03_data_wait, check_08_batch_augment
 from .inference import check_07_inference
-from .training import check_01_loop, check_02_trainer
+from .training import check_01_batching, check_02_trainer
 
-__all__ = ["Grading", "check_01_loop", "check_02_trainer", "check_03_data_wait",
+__all__ = ["Grading", "check_01_batching", "check_02_trainer", "check_03_data_wait",
            "check_04_activation_memory", "check_05_fusion", "check_06_allreduce", "check_07_inference",
            "check_08_batch_augment", "exercise_cells", "forbidden", "notebooks_folder", "solution", "starter",
            "torch_calls", "warmups"]

@@ -122,3 +122,28 @@ def torch_calls(fn: Callable, *args) -> int:
     with _CountCalls() as count:
         fn(*args)
     return count.n
+
+
+MODEL_FACTOR = 2.0  # the step model's own target (issue 43): a prediction within 2x of the measured time
+
+
+def prediction_tolerance(ceil, names: tuple[str, ...] = ("matmul fp32", "memory", "per op")) -> float:
+    """How far a prediction from the ceilings may miss its measurement: the model's own factor (MODEL_FACTOR) times
+    the widest spread (slowest / fastest block) of the ceilings it rests on, so a noisier machine allows more."""
+    spreads = [max(c.values) / min(c.values) for n, c in ceil.rows.items() if n in names]
+    return MODEL_FACTOR * max(spreads, default=1.0)
+
+
+def grade_prediction(name: str, predicted, measured: float, tolerance: float, what: str = "speed-up") -> bool:
+    """The learner's prediction against their own measurement: passes within `tolerance` either way (no clock)."""
+    ok = isinstance(predicted, (int, float)) and not isinstance(predicted, bool) and predicted > 0
+    if not ok:
+        print(f"{name} (prediction): write your predicted {what} as a positive number before you measure; got "
+              f"{predicted!r}")
+        return False
+    ratio = max(predicted / measured, measured / predicted)
+    passed = ratio <= tolerance
+    print(f"{name} (prediction): {'passed' if passed else 'not yet'}: predicted {predicted:.3g}x, measured "
+          f"{measured:.3g}x ({ratio:.2f}x apart, tolerance {tolerance:.2f}x)")
+    return passed
+

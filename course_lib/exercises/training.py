@@ -2,7 +2,6 @@
 that keeps the debugging setup's purpose without its cost (grading in core.py)."""
 from __future__ import annotations
 
-import dataclasses
 import statistics
 import tempfile
 import warnings
@@ -14,118 +13,80 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
-from torch.utils.data import DataLoader, Subset
 
 from .. import config, hardware, loops, runs, timing
 from ..models import LeNet
-from .core import Grading, forbidden
+from .core import Grading, forbidden, grade_prediction, prediction_tolerance
 
-# --- lesson 01: the loop -----------------------------------------------------------------------------------------
-EX01_IMAGES = 2048  # the first 2,048 training images (all of the smoke subset), at every run size
-EX01_HELD_OUT = 1024  # held-out images the loss is measured on
-EX01_MAX_LOSS = 2.20  # held-out loss bar; the starter loop ends at 2.28 on these images, near chance (ln 10 = 2.30)
-
-
-def seed_train(net, train_set, images: int) -> None:
-    """The seed articles' loop (lesson 01's starter): batch 4, SGD at a constant lr 0.001 with momentum 0.9."""
-    opt = torch.optim.SGD(net.parameters(), lr=0.001, momentum=0.9)
-    seen = 0
-    for x, y in DataLoader(train_set, batch_size=4, shuffle=False, collate_fn=lambda b: b):
-        loss = F.cross_entropy(net(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        seen += len(y)
-        if seen >= images:
-            break
+# --- lesson 01: batch a classifier that runs one image at a time ---------------------------------------------------
+EX01_IMAGES = 512  # images the check classifies per call
+EX01_TARGET = 3.0  # batched against one image per forward: the fixed cost per op shared among many images
 
 
-class _Counted:
-    """A dataset view that counts the training images served (__getitems__ batches or single items)."""
-
-    def __init__(self, ds):
-        self.ds, self.served = ds, 0
-
-    def __len__(self):
-        return len(self.ds)
-
-    def __getitem__(self, i):
-        self.served += 1
-        return self.ds[i]
-
-    def __getitems__(self, idx):
-        self.served += len(idx)
-        return self.ds.__getitems__(idx)
-
-
-@dataclasses.dataclass(frozen=True)
-class LoopData:
-    """Lesson 01's check inputs, built once by inputs_01 and held by the caller: the first EX01_IMAGES training
-    images, the held-out batch, and the starter loop's result on them (seeded: the same on every call)."""
-    train_set: Subset
-    held_out: tuple[torch.Tensor, torch.Tensor]  # (EX01_HELD_OUT, 3, 32, 32) images, (EX01_HELD_OUT,) labels
-    seed: dict | None = None  # _01_run(seed_train, ...)
-
-
-def _01_run(train: Callable, data: LoopData) -> dict:
-    """Train a seeded LeNet with train(net, train_set, images); time, images served, batch sizes, held-out loss."""
-    torch.manual_seed(0)
-    net, batches = LeNet(), []
-    net.register_forward_pre_hook(lambda m, a: batches.append(len(a[0])) if m.training else None)
-    counted = _Counted(data.train_set)
-    with timing.Stopwatch() as watch:  # LeNet on the CPU, as lesson 01 trains it
-        train(net.train(), counted, EX01_IMAGES)
-    net.eval()
+def one_at_a_time(net, images: torch.Tensor) -> torch.Tensor:
+    """Lesson 01's starter: labels (N,) for images (N, 3, 32, 32), one forward per image, as a naive server would."""
     with torch.no_grad():
-        loss = F.cross_entropy(net(data.held_out[0]), data.held_out[1]).item()
-    return {"seconds": watch.seconds, "served": counted.served, "batches": batches, "loss": loss}
+        return torch.cat([net(img.unsqueeze(0)).argmax(dim=1) for img in images])
 
 
-def inputs_01() -> LoopData:
-    """Decode lesson 01's check images (the smoke subsets at every run size: the ones the loss bar was set against)
-    and run the starter loop on them once."""
-    dm = runs.datamodule("01_pytorch_baseline", seed=0, subset=EX01_IMAGES, eval_subset=EX01_HELD_OUT)
-    dm.prepare_data()
-    dm.setup("fit")
-    held_out = dm.val_set.__getitems__(list(range(min(EX01_HELD_OUT, len(dm.val_set)))))
-    data = LoopData(Subset(dm.train_set, range(min(EX01_IMAGES, len(dm.train_set)))), held_out)
-    return dataclasses.replace(data, seed=_01_run(seed_train, data))
+def inputs_01(seed: int = 0) -> tuple[torch.nn.Module, torch.Tensor]:
+    """A seeded LeNet in eval mode and EX01_IMAGES normalised-scale random images (N, 3, 32, 32)."""
+    torch.manual_seed(seed)
+    return LeNet().eval(), torch.randn(EX01_IMAGES, 3, 32, 32)
 
 
-def mechanism_01(train: Callable, data: LoopData, *, max_loss: float, grading: Grading) -> bool:
-    """No clock: the loop trains on at most the first EX01_IMAGES images, takes optimiser steps, does not call
-    course_lib's finished loop, and leaves the held-out loss at most `max_loss`."""
-    with forbidden(loops.train_plain) as called:
-        mine = _01_run(train, data)
-    seed, images = data.seed, EX01_IMAGES
-    problems = [f"your loop called {', '.join(sorted(set(called)))}: write the loop yourself"] if called else []
-    if mine["served"] > images + max(mine["batches"], default=0):
-        problems.append(f"it read {mine['served']} training images; the budget is the first {images}")
-    if not mine["batches"]:
-        problems.append("the network never ran a forward pass in training mode: train it")
-    if mine["loss"] > max_loss:
-        problems.append(f"held-out loss {mine['loss']:.3f} after {images} images; the bar is {max_loss:.2f} "
-                        f"(the starter's: {seed['loss']:.3f}, chance: 2.30)")
-    print(f"Exercise 1: your loop took {len(mine['batches'])} steps over {mine['served']} images, held-out loss "
-          f"{mine['loss']:.3f} (bar <= {max_loss:.2f}); the starter loop {len(seed['batches'])} steps, "
-          f"{seed['loss']:.3f}")
+def mechanism_01(classify: Callable, net, images: torch.Tensor, *, grading: Grading) -> bool:
+    """No clock: the same labels as one image at a time, forwards of more than one image, no call of the course's
+    finished prediction loop (loops.predict)."""
+    sizes: list[int] = []
+    hook = net.register_forward_pre_hook(lambda m, a: sizes.append(len(a[0])))
+    try:
+        with forbidden(loops.predict) as called:
+            mine = classify(net, images)
+    finally:
+        hook.remove()
+    problems = [f"it called {', '.join(sorted(set(called)))}: batch the forwards yourself"] if called else []
+    expected = one_at_a_time(net, images)
+    if not isinstance(mine, torch.Tensor) or mine.shape != expected.shape:
+        problems.append(f"return the {len(images)} labels as one tensor of shape {tuple(expected.shape)}")
+    elif (mine != expected).sum() > 1:  # one near-tie may flip with a batched kernel's summation order
+        problems.append(f"{int((mine != expected).sum())} labels differ from one image at a time: same net, same "
+                        "images, the same answers")
+    if sizes and max(sizes) == 1:
+        problems.append("every forward still saw one image: give each forward many")
+    print(f"Exercise 1: {len(sizes)} forwards, largest batch {max(sizes, default=0)}")
     return grading.mechanism("Exercise 1", problems)
 
 
-def check_01_loop(train: Callable, *, data: LoopData | None = None, target: float = 2.0,
-                  max_loss: float = EX01_MAX_LOSS, measure: bool = True, grading: Grading | None = None) -> bool:
-    """Lesson 01: train(net, train_set, images) is the learner's training loop. Mechanism (mechanism_01, no clock);
-    measurement: >= `target`x the starter's images/s, alternately in this run. data: inputs_01()'s, built here when
-    None (a caller checking several loops builds it once)."""
+def check_01_batching(classify: Callable, predict_speedup: Callable | None = None, *, ceil=None,
+                      timer: Callable | None = None, target: float = EX01_TARGET, measure: bool = True,
+                      grading: Grading | None = None) -> bool:
+    """Lesson 01: classify(net, images) -> labels is the learner's batched classifier and predict_speedup(ceil) their
+    prediction of its speed-up over one image at a time, written from their ceilings first. Mechanism (no clock);
+    then the speed-up measured in alternating rounds (>= target) and the prediction against it, within
+    core.prediction_tolerance(ceil). timer(fn) -> seconds of one call of fn() (a Stopwatch; tests inject one)."""
     grading = grading or Grading()
-    data = data or inputs_01()
-    ok = mechanism_01(train, data, max_loss=max_loss, grading=grading)
+    net, images = inputs_01()
+    ok = mechanism_01(classify, net, images, grading=grading)
     if not (ok and measure):
         return ok
-    fast = grading.ratio_check("Exercise 1 (loop speed)", lambda: _01_run(train, data)["seconds"],
-                               lambda: _01_run(seed_train, data)["seconds"], target, repeats=3,
-                               what="training time on the same images", hardware=hardware.label())
-    return bool(ok and fast)
+    from .. import ceilings
+
+    ceil = ceil or ceilings.load("cpu", verbose=False)
+    timer = timer or (lambda fn: _seconds(fn))
+    fast = grading.ratio_check("Exercise 1 (batched)", lambda: timer(lambda: classify(net, images)),
+                               lambda: timer(lambda: one_at_a_time(net, images)), target, repeats=3,
+                               what=f"seconds to classify {len(images)} images", hardware=hardware.label())
+    predicted = predict_speedup(ceil) if predict_speedup else None
+    told = grade_prediction("Exercise 1", predicted, grading.grades[-1]["ratio"], prediction_tolerance(ceil))
+    return bool(ok and fast and told)
+
+
+def _seconds(fn: Callable) -> float:
+    """Seconds of one call of fn(), on the host clock."""
+    with timing.Stopwatch() as watch:
+        fn()
+    return watch.seconds
 
 
 # ---- lesson 02: what the Trainer does around each step ------------------------------------------------------------

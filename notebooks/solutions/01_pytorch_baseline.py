@@ -1,24 +1,28 @@
-"""Reference solution of lesson 01's exercise: the loop at batch 32 (more work per step), shuffled, with SGD's
-learning rate scaled up with the batch and a one-cycle schedule over the steps the image budget allows."""
+"""Reference solution of lesson 01's exercise: classify in batches, so each op's fixed cost is shared among many
+images, and predict the speed-up first, from the ceilings: the model's time per image one at a time over its time
+per image in a batch (roofline.step_model: each op at the ceiling of its class, plus the fixed cost per op), with each
+layer's Python call counted as one more op's fixed cost (section 3's breakdown: Python between ops)."""
 import torch
-import torch.nn.functional as F
-from torch.utils.data import DataLoader
 
-BATCH_SIZE = 32  # 8x the seed's 4: the per-step cost is paid 8x less often
-PEAK_LR = 0.05  # linear scaling from batch 4 at 0.001 gives 0.008; a one-cycle peak can go higher
+from course_lib import roofline
+from course_lib.models import LeNet
+
+BATCH = 256  # images per forward: enough that the fixed cost per op is a small share of each image's time
 
 
-def train(net, train_set, images):
-    """Train net on the first `images` images of train_set: batch 32, Nesterov SGD, one-cycle to PEAK_LR."""
-    loader = DataLoader(train_set, batch_size=BATCH_SIZE, shuffle=True, drop_last=True, collate_fn=lambda b: b)
-    steps = min(len(loader), images // BATCH_SIZE)  # the budget in optimiser steps
-    opt = torch.optim.SGD(net.parameters(), lr=PEAK_LR, momentum=0.9, nesterov=True, weight_decay=5e-4)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=PEAK_LR, total_steps=steps)
-    for step, (x, y) in enumerate(loader):
-        if step == steps:
-            break
-        loss = F.cross_entropy(net(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
+def classify(net, images):
+    """Labels (N,) for images (N, 3, 32, 32), BATCH images per forward."""
+    with torch.no_grad():
+        return torch.cat([net(chunk).argmax(dim=1) for chunk in images.split(BATCH)])
+
+
+def predict_speedup(ceil):
+    """Predicted seconds per image at batch 1 over seconds per image at batch BATCH, from the ceilings alone."""
+    net = LeNet().eval()
+
+    def per_image(batch: int) -> float:
+        with torch.no_grad():
+            counts = roofline.count(net, torch.zeros(batch, 3, 32, 32))
+        calls = len([m for m in net.modules() if not list(m.children())])  # leaf layers: one Python call each
+        return (roofline.step_model(counts, ceil)["predicted"] + calls * ceil.per_op) / batch
+    return per_image(1) / per_image(BATCH)
