@@ -153,6 +153,22 @@ def test_prediction_grading_tolerates_the_ceilings_spread():
     assert core.grade_prediction("x", True, 1.0, 2.0) is False and core.grade_prediction("x", -1, 1.0, 2.0) is False
 
 
+def test_05_starter_and_the_two_edits_without_a_prediction_fail_the_solution_passes():
+    """The starter breaks the graph; the two edits alone (the solution's activation, no prediction) and a wild
+    prediction fail once timed (injected times); the solution's prediction, measured as predicted, passes."""
+    from course_lib.exercises import compute
+
+    sol, ceil = solution("05"), fake_ceil()
+    assert exercises.check_05_fusion(starter("05", 1)["activation"], measure=False) is False
+    x = compute.inputs_05()
+    predicted = sol["predict_speedup"](ceil, x)
+    as_predicted = (lambda f: predicted if f is compute.eager_chain else 1.0)  # noqa: E731  (seconds per call)
+    assert exercises.check_05_fusion(sol["activation"], None, ceil=ceil, timer=as_predicted) is False
+    assert exercises.check_05_fusion(sol["activation"], lambda c, x: 50 * predicted, ceil=ceil,
+                                     timer=as_predicted) is False
+    assert exercises.check_05_fusion(sol["activation"], sol["predict_speedup"], ceil=ceil, timer=as_predicted)
+
+
 # ---- lesson 02: keep the debugging setup's purpose, drop its cost --------------------------------------------
 @pytest.fixture(scope="module")
 def trainer_data():

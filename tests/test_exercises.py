@@ -127,7 +127,11 @@ def sol_ceil():
 
 
 def test_05_solution_measured():
-    assert exercises.check_05_fusion(solution("05_compile_and_tuning")["activation"], target=GENEROUS)
+    """The fused chain against the eager starter, measured; the prediction is graded with injected times in
+    tests/test_exercise_checks.py (a loaded machine moves the measured ratio)."""
+    grading = Grading()
+    exercises.check_05_fusion(solution("05_compile_and_tuning")["activation"], target=GENEROUS, grading=grading)
+    assert [g["passed"] for g in grading.grades] == [True]
 
 
 def test_06_solution_measured():

@@ -155,11 +155,14 @@ def mechanism_05(compiled: Callable, x: torch.Tensor, *, grading: Grading) -> bo
     return grading.mechanism("Exercise 1", problems)
 
 
-def check_05_fusion(fn: Callable, *, target: float = 1.3, measure: bool = True,
+def check_05_fusion(fn: Callable, predict_speedup: Callable | None = None, *, target: float = 1.3,
+                    measure: bool = True, ceil=None, timer: Callable | None = None,
                     grading: Grading | None = None) -> bool:
     """Lesson 05: the check compiles fn itself with torch.compile(fullgraph=True); fn(x) -> (y, peak) must compile
     as one graph (no graph break, no host read-back) and match the eager starter (y within 1e-3, float(peak));
-    compiled, it must take >= `target`x less time than the eager starter, timed after the compile."""
+    compiled, it must take >= `target`x less time than the eager starter, timed after the compile, and
+    predict_speedup(ceil, x), written first from the ceilings, must land within core.prediction_tolerance(ceil) of
+    that measured speed-up. timer(f) -> seconds of one call of f(x) (tests inject one)."""
     grading, x = grading or Grading(), inputs_05()
     torch.compiler.reset()  # a clean slate: earlier compiles in this process do not count
     compiled = torch.compile(fn, fullgraph=True)  # fullgraph: a graph break is an error, not a silent split
@@ -169,8 +172,13 @@ def check_05_fusion(fn: Callable, *, target: float = 1.3, measure: bool = True,
 
     def cost(f) -> float:
         """Seconds per call of f's fastest block of calls (a busy machine only ever adds time)."""
-        return min(timing.time_calls(lambda: f(x)))
+        return timer(f) if timer else min(timing.time_calls(lambda: f(x)))
 
     fast = grading.ratio_check("Exercise 1 (fusion)", lambda: cost(compiled), lambda: cost(eager_chain), target,
                                repeats=3, what="time", hardware=hardware.label())
-    return bool(ok and fast)
+    from .. import ceilings
+
+    ceil = ceil or ceilings.load(x.device.type, verbose=False)
+    predicted = predict_speedup(ceil, x) if predict_speedup else None
+    told = grade_prediction("Exercise 1", predicted, grading.grades[-1]["ratio"], prediction_tolerance(ceil))
+    return bool(ok and fast and told)

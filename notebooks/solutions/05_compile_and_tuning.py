@@ -15,3 +15,16 @@ def activation(x):
     z = z.clamp(-CLIP, CLIP)  # unconditional: where no |z| exceeds CLIP it changes nothing, so no branch is needed
     z = z * 1.5 + 0.1
     return 0.5 * z * (1.0 + torch.tanh(0.7978845608 * (z + 0.044715 * z * z * z))), peak
+
+
+def predict_speedup(ceil, x):
+    """Predicted eager time over compiled time, from the ceilings: every eager op reads and writes full-size tensors
+    (roofline.count); the fused graph (roofline.fused) reads x once per reduction, since each must finish before its
+    result is used (the mean, the variance, the peak), once more to write y, each against its bound."""
+    from course_lib import roofline
+    from course_lib.exercises.compute import eager_chain
+
+    eager = roofline.count(eager_chain, x)
+    y, _ = activation(x)
+    fused = roofline.fused(eager, [x] * 4, [y])  # three reductions' passes over x, then the pass that writes y
+    return roofline.step_model(eager, ceil)["predicted"] / roofline.step_model(fused, ceil)["predicted"]
