@@ -127,13 +127,13 @@ def op_class(op: Op) -> str:
 
 def bandwidth(ceil: ceilings.Ceilings, moved: float) -> float:
     """Bytes/s for an op moving `moved` bytes: the cache's bandwidth where they fit in it (lesson 00), else DRAM's."""
-    return ceil.bandwidth_for(moved) if hasattr(ceil, "bandwidth_for") else ceil.bandwidth
+    return ceil.bandwidth_for(moved)
 
 
 def first_touch(ceil: ceilings.Ceilings, op: Op) -> float:
     """Seconds the op's fresh output costs beyond a reused one (lesson 00's fresh and reused adds apart), for outputs
     of FRESH_BYTES or more: the allocator hands those out as newly mapped pages; smaller ones reuse freed memory."""
-    return getattr(ceil, "first_touch", 0.0) * op.fresh if op.fresh >= FRESH_BYTES else 0.0
+    return ceil.first_touch * op.fresh if op.fresh >= FRESH_BYTES and "add fresh" in ceil.rows else 0.0
 
 
 def per_op(ceil: ceilings.Ceilings, op: Op | None = None) -> float:

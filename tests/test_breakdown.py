@@ -37,9 +37,10 @@ def test_step_model_sums_each_ops_work_bound_plus_the_per_op_cost():
 
 
 def test_small_working_sets_take_the_cache_bandwidth_fresh_outputs_their_pages_and_tanh_its_rate():
-    ceil = with_rows(fake_ceilings(bandwidth=1e10), tanh=("pointwise", 1e8))
-    ceil.bandwidth_for = lambda moved: 1e11 if moved <= 2**20 else 1e10  # lesson 00's cache and DRAM rows
-    ceil.first_touch = 1e-10  # seconds per fresh byte beyond a reused output
+    ceil = with_rows(fake_ceilings(bandwidth=1e10), tanh=("pointwise", 1e8), add_reused=("memory", 1e10),
+                     add_fresh=("memory", 3 / (3 / 1e10 + 1e-10)))  # a fresh byte costs 1e-10 s more
+    ceil.rows["memory cache"] = ceilings.Ceiling("memory cache", "memory", (1e11,), capacity=2**20)
+    assert ceil.first_touch == pytest.approx(1e-10)
     small, large = roofline.Op("add", 0, 2**19), roofline.Op("add", 0, 2**23)
     assert roofline.op_bound(small, ceil).seconds["memory"] == pytest.approx(2**19 / 1e11)
     assert roofline.op_bound(large, ceil).seconds["memory"] == pytest.approx(2**23 / 1e10)
