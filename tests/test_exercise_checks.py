@@ -206,12 +206,14 @@ def test_03_starter_and_library_pipeline_fail(monkeypatch):
     assert exercises.check_03_data_wait(library, measure=False) is False
 
 
-def test_03_workers_and_the_solution_pass_the_mechanism():
-    """Decoding in DataLoader workers is one of the two mechanisms the exercise accepts (its speed is measured)."""
+def test_03_workers_fail_and_the_solution_passes_the_mechanism(capsys):
+    """More workers (the one-token edit `num_workers=2`) move the same decoding onto other processes: the mechanism
+    refuses them; decoding once in setup passes."""
     from course_lib import jpeg
 
-    workers = lambda b, s: jpeg.JpegDataModule(b, subset=s, num_workers=1)  # noqa: E731
-    assert exercises.check_03_data_wait(workers, measure=False) is True
+    workers = lambda b, s: jpeg.JpegDataModule(b, subset=s, num_workers=2)  # noqa: E731
+    assert exercises.check_03_data_wait(workers, measure=False) is False
+    assert "DataLoader workers decoded" in capsys.readouterr().out
     assert exercises.check_03_data_wait(solution("03")["make_data"], measure=False) is True
 
 
@@ -234,10 +236,29 @@ def test_07_starter_and_shortcuts_fail():
         assert exercises.check_07_inference(quantize, net, calib, held, measure=False) is False
 
 
-def test_07_solution_graph_holds_int8_ops():
-    net, calib, _ = _07_inputs()
-    int8, qdq = inference.int8_graph_report(solution("07")["quantize"](net, calib))
-    assert int8 >= 9 and qdq > 0  # 8 convolutions and the linear layer
+def pasted_cell_16(model, calibration):
+    """Lesson 07's cell 16 pasted: the PT2E steps with the lesson's quantizer, which quantize the Linear too."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    from course_lib import compress
+
+    prepared = prepare_pt2e(compress.export(model).module(), compress.x86_quantizer())
+    with torch.no_grad():
+        for x in calibration:
+            prepared(x)
+    return compress.drop_unused_attributes(convert_pt2e(prepared))
+
+
+def test_07_pasting_the_lessons_ptq_cell_fails_and_the_solution_keeps_the_linear_in_fp32(capsys):
+    net, calib, held = _07_inputs()
+    assert inference.int8_layers(pasted_cell_16(net, calib), net) == (8, 8, 1)
+    assert exercises.check_07_inference(pasted_cell_16, net, calib, held, measure=False) is False
+    assert "keep the classifier's Linear in fp32" in capsys.readouterr().out
+    program = solution("07")["quantize"](net, calib)
+    int8, qdq = inference.int8_graph_report(program)
+    assert inference.int8_layers(program, net) == (8, 8, 0) and int8 == 8 and qdq > 0  # 8 convolutions, fp32 Linear
+    ok, _ = inference.mechanism_07(solution("07")["quantize"], net, calib, grading=Grading())
+    assert ok
 
 
 # ---- lesson 08: one batch operation, not the library's kernel ------------------------------------------------

@@ -50,18 +50,33 @@ def int8_graph_report(program) -> tuple[int, int]:
     return int8, qdq
 
 
+def int8_layers(program, model) -> tuple[int, int, int]:
+    """(convolutions of `model` whose weights are int8 in `program`, its convolutions, its Linear layers whose
+    weights are int8 there), matched by weight shape; (0, convolutions, 0) for anything but a converted graph."""
+    held = [tuple(t.shape) for t in program.state_dict().values() if t.dtype == torch.int8] \
+        if isinstance(program, torch.fx.GraphModule) else []
+    of = lambda kind: [tuple(m.weight.shape) for m in model.modules() if isinstance(m, kind)]  # noqa: E731
+    convs, linears = of(torch.nn.Conv2d), of(torch.nn.Linear)
+    return sum(s in held for s in convs), len(convs), sum(s in held for s in linears)
+
+
 def mechanism_07(quantize: Callable, model, calibration: list, *, grading: Grading):
     """No clock: quantize(model, calibration) calls none of course_lib's finished versions and returns a converted
-    graph with int8 weights and quantize/dequantize ops; (the mechanism's verdict, the program)."""
+    graph with quantize/dequantize ops, every convolution's weights int8 and the classifier's Linear kept in fp32
+    (the variant: section 3's steps, pasted, quantize the Linear too); (the mechanism's verdict, the program)."""
     with forbidden(*FINISHED_QUANTIZERS) as library:
         program = quantize(model, calibration)
     int8, qdq = int8_graph_report(program)
+    convs_int8, convs, linears_int8 = int8_layers(program, model)
     problems = [f"it calls course_lib's finished version ({', '.join(sorted(set(library)))}): write the PT2E "
                 f"steps yourself"] if library else []
     if not (int8 and qdq):
         problems.append(f"the returned program has {int8} int8 tensors and {qdq} quantize/dequantize ops: return "
                         f"the converted graph (export, prepare_pt2e, calibrate, convert_pt2e), not a compiled or "
                         f"fp32 model")
+    elif convs_int8 < convs or linears_int8:
+        problems.append(f"{convs_int8} of {convs} convolutions and {linears_int8} Linear layer(s) hold int8 weights: "
+                        f"quantize every convolution and keep the classifier's Linear in fp32 (a quantizer setting)")
     ok = grading.mechanism("Exercise 2", problems)
     if ok:
         print(f"Exercise 2: {int8} int8 tensors and {qdq} quantize/dequantize ops in your graph; int8 dot-product "

@@ -3,7 +3,7 @@ cut each batch from it and augment it as a batch (on the GPU where there is one:
 import lightning as L
 import torch
 
-from course_lib import jpeg
+from course_lib import hardware, jpeg
 from course_lib.data import augment_batch, to_float
 from course_lib.sources import decode_image
 
@@ -21,7 +21,7 @@ class DecodedOnce(L.LightningDataModule):
         files = jpeg.JpegDataModule(self.batch_size, subset=self.subset)
         files.setup()  # the same seeded file list the JPEG pipeline reads
         samples = [files.train_set.dataset.samples[i] for i in files.train_set.indices]  # (path, label) pairs
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = "cuda" if hardware.gpu_count() else "cpu"
         self.images = torch.stack([decode_image(path) for path, _ in samples]).to(device)  # decoded once
         self.labels = torch.tensor([label for _, label in samples], device=device)
 
