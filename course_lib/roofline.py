@@ -18,8 +18,8 @@ from .internals import TorchDispatchMode  # the hook that sees every aten op; to
 
 KINDS = ("compute", "memory", "overhead")
 NO_TRAFFIC = ("empty", "detach", "lift_fresh", "alias", "_record_function")  # allocate, relabel or mark: no data
-TRANSCENDENTAL = ("tanh", "exp", "log", "sigmoid", "softmax", "gelu", "erf", "pow", "sqrt", "rsqrt", "sin")
-FRESH_BYTES = 4 * 2**20  # an output this large is assumed to land on newly mapped pages (glibc maps large blocks)
+TRANSCENDENTAL = ("tanh", "exp", "log", "sigmoid", "softmax", "gelu", "erf", "sqrt", "rsqrt", "sin", "cos")
+FRESH_BYTES = 32 * 2**20  # glibc always maps blocks past 32 MiB anew; smaller ones reuse freed heap memory
 PREDICTION_FACTOR = 3.0  # lesson 00's exercise: a prediction within 3x of the measured time passes
 
 

@@ -44,8 +44,10 @@ def test_small_working_sets_take_the_cache_bandwidth_fresh_outputs_their_pages_a
     small, large = roofline.Op("add", 0, 2**19), roofline.Op("add", 0, 2**23)
     assert roofline.op_bound(small, ceil).seconds["memory"] == pytest.approx(2**19 / 1e11)
     assert roofline.op_bound(large, ceil).seconds["memory"] == pytest.approx(2**23 / 1e10)
-    fresh = roofline.Op("add", 0, 3 * 2**22, fresh=2**22)  # a 4 MiB output allocated by the op
-    assert roofline.op_bound(fresh, ceil).seconds["memory"] == pytest.approx(3 * 2**22 / 1e10 + 2**22 * 1e-10)
+    fresh = roofline.Op("add", 0, 3 * 2**25, fresh=2**25)  # a 32 MiB output allocated by the op: new pages
+    assert roofline.op_bound(fresh, ceil).seconds["memory"] == pytest.approx(3 * 2**25 / 1e10 + 2**25 * 1e-10)
+    reused = roofline.Op("add", 0, 3 * 2**23, fresh=2**23)  # 8 MiB: the allocator reuses freed memory
+    assert roofline.op_bound(reused, ceil).seconds["memory"] == pytest.approx(3 * 2**23 / 1e10)
     tanh = roofline.Op("tanh", 10**6, 8)
     assert roofline.op_class(tanh) == "transcendental" and roofline.op_bound(tanh, ceil).kind == "compute"
     assert roofline.op_bound(tanh, ceil).seconds["compute"] == pytest.approx(10**6 / 1e8)
