@@ -12,7 +12,7 @@ from typing import Callable
 import lightning as L
 import torch
 
-from . import config, hardware, runs, verdict
+from . import config, hardware, results, runs, verdict
 from .errors import CourseError
 from .timing import BenchCallback
 
@@ -187,6 +187,41 @@ def show(rows: list[dict], fields: list[str] | None = None) -> None:
     """table(rows, fields) shown as a rendered table where IPython runs (it puts `display` in builtins), else
     printed as markdown text."""
     (getattr(builtins, "display", None) or print)(Table(table(rows, fields)))
+
+
+def rows_table(rows: list[dict], columns: list[str] | None = None, note: str = "") -> Table:
+    """Any rows (dicts, one per table row) as a Table: one column per key of the first row, or `columns`; floats as
+    plain numbers (verdict.number), a missing key as an empty cell, '|' in a cell escaped; `note` (the hardware and
+    size, say) under the table."""
+    cols = list(columns or (rows[0] if rows else []))
+    if not cols or len(cols) > MAX_COLUMNS:
+        raise ValueError(f"bench.rows_table: {len(cols)} columns {cols}; a table needs 1 to {MAX_COLUMNS}")
+
+    cell = lambda v: verdict.number(v) if isinstance(v, float) else v  # noqa: E731  (7,770, not 7770.0)
+    lines = results.markdown_table(cols, [[cell(r.get(c, "")) for c in cols] for r in rows])
+    return Table("\n".join(lines) + (f"\n\n{note}" if note else ""))
+
+
+def show_rows(rows: list[dict], columns: list[str] | None = None, note: str = "") -> None:
+    """rows_table(rows, columns, note) shown as a rendered table where IPython runs, else printed as markdown text."""
+    (getattr(builtins, "display", None) or print)(rows_table(rows, columns, note))
+
+
+SINGULAR = {"ops": "op", "runs": "run", "steps": "step", "images": "image", "calls": "call", "processes": "process"}
+
+
+def measures(saved: list[dict]) -> list[dict]:
+    """results.load rows (name, value, unit, note) as rows_table rows: 'measure' (the name, its note in brackets) and
+    'value': a whole number as one (8, 1,024), any other as verdict.number, then its unit ('1 op', not '1 ops')."""
+    def value(r: dict) -> str:
+        v, unit = float(r["value"]), str(r.get("unit", ""))
+        head, _, rest = unit.partition(" ")
+        if v == 1 and head in SINGULAR:
+            unit = " ".join(filter(None, (SINGULAR[head], rest)))
+        return f"{int(v):,}" if v.is_integer() and abs(v) < 1e15 else verdict.number(v), unit
+
+    return [{"measure": r["name"] + (f" ({r['note']})" if r.get("note") else ""), "value": " ".join(filter(None,
+             value(r)))} for r in saved]
 
 
 def plot_speedups(rows: list[dict], title: str):

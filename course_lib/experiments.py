@@ -12,7 +12,7 @@ import torch
 from . import flops, hardware, speedrun
 from .models import AirNet
 from .ondevice import SpeedrunDataModule
-from .timing import DeviceTimer, EpochTimer
+from .timing import DeviceTimer, EpochTimer, duration, flop_rate
 
 
 @dataclass(frozen=True)
@@ -130,5 +130,7 @@ def flop_summary(*, widths: tuple[int, int, int], batch_size: int, steps: int, e
     precision = hardware.number_format(hardware.choose_precision(info=info))  # the format the policy trains in
     rate = flops.achieved(step_flops, epoch_s, info, precision)
     peak = (f"{rate['fraction_of_peak']:.1%} of the {rate['peak_text']}" if rate["peak_tflops"] else rate["peak_text"])
-    text = f"{step_flops / 1e12:.3g} TFLOP per epoch in {epoch_s:.3g} s: {rate['tflops']:.3g} TFLOP/s, {peak}"
+    # in the unit that reads best: '290 GFLOP per epoch in 1.78 s: 163 GFLOP/s' on a CPU, TFLOP on a GPU
+    count = flop_rate(step_flops).removesuffix("/s")
+    text = f"{count} per epoch in {duration(epoch_s)}: {flop_rate(rate['tflops'] * 1e12)}, {peak}"
     return {"tflop_per_epoch": step_flops / 1e12, **rate, "text": text}

@@ -99,6 +99,11 @@ def clear(lesson: str) -> None:
     figures_file(lesson).unlink(missing_ok=True)
 
 
+def step_text(step_ms: float) -> str:
+    """A step time in plain digits, never e-notation: 4.0 -> '4 ms', 12.34 -> '12.3 ms', 1234 -> '1,234 ms'."""
+    return f"{step_ms:,.0f} ms" if step_ms >= 100 else f"{step_ms:.3g} ms"
+
+
 def save_rows(rows: list[dict], lesson: str, path: str | Path | None = None) -> Path:
     """Benchmark rows with hardware and versions to build/results/bench-<lesson>.json (or `path`), and each row's
     images/s recorded as one of the lesson's figures."""
@@ -106,7 +111,7 @@ def save_rows(rows: list[dict], lesson: str, path: str | Path | None = None) -> 
                       {"lesson": lesson, "size": config.run_size().name, "hardware": hardware.facts(), "rows": rows})
     for r in rows:
         record(lesson, f"{r['name']} images/s", r["images_per_s"], "images/s",
-               f"batch {r['batch_size']}, {r['precision']}, median step {r['step_ms']:.3g} ms")
+               f"batch {r['batch_size']}, {r['precision']}, median step {step_text(r['step_ms'])}")
     return path
 
 

@@ -55,6 +55,9 @@ def test_save_rows_writes_the_rows_and_records_their_throughput(build):
     assert [(f["name"], f["value"]) for f in results.load("99_test")] == [("x images/s", 123.5),
                                                                         ("y images/s", 50.0)]
     assert "batch 8, 32-true, median step 4 ms" in results.load("99_test")[0]["note"]
+    # a step time in plain digits, never e-notation (1,234 ms was '1.23e+03 ms')
+    results.save_rows([{**ROW, "step_ms": 1234.0}], "99_test")
+    assert {f["name"]: f["note"] for f in results.load("99_test")}["x images/s"].endswith("median step 1,234 ms")
 
 
 def test_write_report_layout_is_what_committed_reads(build, monkeypatch):

@@ -3,10 +3,11 @@ page in headless Chromium (Debian's `chromium`), driven through the DevTools pro
 
 Checked in the browser: every page loads with no console error or failed request, every image decodes to a non-zero
 size, every internal link (page and anchor) resolves, each lesson's Colab links open that lesson and its reference
-solution is linked, the lessons are chained by next-links, and search finds a lesson offline. A screenshot of one
-lesson goes to build/site-screenshot.png; outputs wider than their box at 1280 px are listed in
-build/site-overflow.json (a report for whoever edits the lessons, not a pass mark). Without Chromium the tests fail and
-name the install command.
+solution is linked, the lessons are chained by next-links, the glossary's own links resolve and every lesson links it,
+search finds a lesson offline, and at a laptop's width (1280 px) no output, code cell, table or image of any page is
+wider than the text column (docs/site/static/course.css wraps long lines; what is still too wide is also written to
+build/site-overflow.json). A screenshot of one lesson goes to build/site-screenshot.png. Without Chromium the tests
+fail and name the install command.
 """
 from __future__ import annotations
 
@@ -52,15 +53,25 @@ PAGE_PROBE = """(async () => {
     try { await img.decode(); } catch (e) { error = String(e); }
     images.push({src: img.currentSrc || img.src, width: img.naturalWidth, height: img.naturalHeight, error});
   }
-  const wide = [...document.querySelectorAll('.cell_output pre, .cell_output table, article pre, article table')]
-    .filter(el => el.scrollWidth > el.clientWidth + 1)
-    .map(el => ({in: el.closest('.cell_output') ? 'output' : 'code or text', tag: el.tagName,
-                 width: el.scrollWidth, box: el.clientWidth, text: el.innerText.slice(0, 80)}));
+  // What is wider than the text column: a block that scrolls (its content wider than its box) or reaches past the
+  // column's right edge; each named by where it sits (a cell's output, a code cell, other text)
+  const column = document.querySelector('article.bd-article');
+  const edge = column ? column.getBoundingClientRect().right : window.innerWidth;
+  const blocks = 'article pre, article table, article img, .pst-scrollable-table-container, .cell_output > *';
+  const wide = [...document.querySelectorAll(blocks)]
+    .filter(el => el.scrollWidth > el.clientWidth + 1 || el.getBoundingClientRect().right > edge + 1)
+    .map(el => ({in: el.closest('.cell_output') ? 'output' : el.closest('.cell_input') ? 'code' : 'text',
+                 tag: el.tagName, width: Math.max(el.scrollWidth, Math.round(el.getBoundingClientRect().right)),
+                 box: el.clientWidth, text: el.innerText.slice(0, 80)}));
   return JSON.stringify({
     title: document.title, images, wide,
     links: [...document.querySelectorAll('a[href]')].map(a => a.href),
     ids: [...document.querySelectorAll('[id]')].map(el => el.id),
     next: (document.querySelector('a.right-next') || {}).href || null,
+    // results tables as rendered in outputs, and any output paragraph that still shows a markdown separator row
+    output_tables: document.querySelectorAll('.cell_output table').length,
+    markdown_as_text: [...document.querySelectorAll('.cell_output p')].map(p => p.innerText)
+      .filter(text => /\\|\\s*[-\\u2013\\u2014:]+\\s*\\|/.test(text)),
   });
 })()"""
 
@@ -313,6 +324,46 @@ def test_each_lesson_links_the_glossary_at_its_terms(crawl):
         assert "" in anchors, f"{stem}: no link to the glossary"
         # one anchor on the page per linked term (Sphinx writes "McNemar's test" as mcnemar-s-test, not the slug)
         assert len(anchors - {""}) == len(linked) and anchors <= ids | {""}, (stem, linked, anchors - ids)
+
+
+def test_nothing_is_wider_than_the_text_column(crawl):
+    """At 1280 px no lesson output, code cell, table or image, and no block of any other page, reaches past the text
+    column or hides behind a scroll bar: long lines wrap (docs/site/static/course.css), results tables render as
+    tables (bench.Table's text/markdown, read as GitHub markdown)."""
+    _, results = crawl
+    assert sum(1 for r in results.values() for w in r.get("wide", ())) == 0, json.dumps(
+        {page: r["wide"] for page, r in results.items() if r.get("wide")}, indent=1)[:6000]
+
+
+def test_results_tables_render_as_tables(crawl):
+    """A lesson that shows a results table (a text/markdown output, bench.Table) gets an HTML table in its output on
+    the page, and no output shows a markdown table's separator row ('|---|') as text."""
+    _, results = crawl
+    for stem in LESSONS:
+        outputs = [o for c in json.loads((REPO / "notebooks" / f"{stem}.ipynb").read_text())["cells"]
+                   for o in c.get("outputs", ())]
+        tables = sum("|---|" in "".join(o.get("data", {}).get("text/markdown", "")) for o in outputs)
+        probe = results[f"notebooks/{stem}.html"]
+        assert probe["output_tables"] >= tables, (stem, probe["output_tables"], tables)
+        assert probe["markdown_as_text"] == [], stem
+
+
+def test_the_glossary_links_resolve_and_every_lesson_links_it(crawl):
+    """The glossary page loads with no error; each of its cross-references between terms (docs/glossary.md's
+    '](#term)' links) lands on an anchor of the page, and its other site links open pages that were loaded; every
+    lesson page links it."""
+    base, results = crawl
+    page = f"{base}docs/glossary.html"
+    glossary = results["docs/glossary.html"]
+    assert glossary["errors"] == []
+    written = re.findall(r"\]\(#([\w-]+)\)", (REPO / "docs" / "glossary.md").read_text())
+    anchors = [urldefrag(link)[1] for link in glossary["links"] if urldefrag(link)[0] == page]
+    assert set(written) <= set(anchors), sorted(set(written) - set(anchors))  # each cross-reference is a link
+    assert [a for a in anchors if a and a not in glossary["ids"]] == []
+    other = {urlparse(urldefrag(link)[0]).path.lstrip("/") for link in glossary["links"] if link.startswith(base)}
+    assert [p for p in other if p and p not in results and not (SITE / p).is_file()] == []
+    for stem in LESSONS:
+        assert page in {urldefrag(link)[0] for link in results[f"notebooks/{stem}.html"]["links"]}, stem
 
 
 def test_search_finds_a_lesson_offline(crawl):

@@ -371,6 +371,45 @@ def test_show_renders_a_table_in_ipython_and_prints_it_elsewhere(monkeypatch, ca
     assert capsys.readouterr().out.startswith("| name | images_per_s |")
 
 
+def test_rows_table_renders_any_rows_as_a_table(monkeypatch, capsys):
+    """bench.rows_table turns any list of dicts into a Table (columns from the first row or named, floats as plain
+    numbers, pipes escaped, a note under it); show_rows displays it where IPython runs and prints it elsewhere; more
+    than MAX_COLUMNS columns is an error."""
+    rows = [{"setting": "lr", "before": 1.5, "after": 686.1}, {"setting": "a|b", "before": 7770.0, "after": 1e-7}]
+    table = bench.rows_table(rows, note="Hardware: here")
+    assert isinstance(table, bench.Table) and table._repr_markdown_() == str(table)
+    assert table.splitlines()[:4] == ["| setting | before | after |", "|---|---|---|", "| lr | 1.50 | 686 |",
+                                      "| a\\|b | 7,770 | 1e-07 |"]
+    assert table.endswith("\n\nHardware: here")
+    assert bench.rows_table(rows, ["after"]).splitlines()[0] == "| after |"
+    assert bench.rows_table([{"a": 1}], ["a", "b"]).splitlines()[2] == "| 1 |  |"  # a missing key: an empty cell
+    with pytest.raises(ValueError, match="columns"):
+        bench.rows_table([dict.fromkeys("abcdefg", 1)])
+    shown = []
+    monkeypatch.setattr(bench.builtins, "display", shown.append, raising=False)
+    bench.show_rows(rows)
+    assert shown == [bench.rows_table(rows)]
+    monkeypatch.delattr(bench.builtins, "display")
+    bench.show_rows(rows)
+    assert capsys.readouterr().out.startswith("| setting | before | after |")
+
+
+def test_measures_reads_recorded_figures_in_human_units():
+    """bench.measures: a recorded figure's name with its note, and its value as a whole number or a plain number with
+    its unit: '1 op or fused C++ kernels', never '1 ops'; '8 ops'; '9.65 s'; a share as the lesson recorded it."""
+    saved = [{"name": "kernels", "value": 1.0, "unit": "ops or fused C++ kernels", "note": ""},
+             {"name": "eager ops", "value": 8.0, "unit": "ops", "note": "GELU"},
+             {"name": "compile time", "value": 9.6543, "unit": "s", "note": "cold cache"},
+             {"name": "accuracy", "value": 59.37, "unit": "%", "note": ""},
+             {"name": "images", "value": 50000.0, "unit": "", "note": ""}]
+    assert bench.measures(saved) == [
+        {"measure": "kernels", "value": "1 op or fused C++ kernels"},
+        {"measure": "eager ops (GELU)", "value": "8 ops"},
+        {"measure": "compile time (cold cache)", "value": "9.65 s"},
+        {"measure": "accuracy", "value": "59.4 %"},
+        {"measure": "images", "value": "50,000"}]
+
+
 def test_default_columns_show_memory_only_for_gpu_rows():
     """bench.table's default columns: peak_mem_mb where the rows ran on a GPU (on a CPU it is the process's resident
     memory), and data_wait only where a lesson names it."""

@@ -7,7 +7,7 @@ import torch
 import yaml
 from lightning.pytorch.cli import LightningCLI
 
-from course_lib import experiments, optim, speedrun
+from course_lib import experiments, optim, speedrun, timing
 from course_lib.data import CIFAR10_MEAN, CIFAR10_STD, to_float
 from course_lib.models import WIDTHS, AirNet, count_parameters
 from course_lib.ondevice import AlternatingFlipTranslate, DeviceBatches, SpeedrunDataModule
@@ -207,6 +207,11 @@ def test_flop_summary_counts_an_epoch_and_compares_with_the_policys_precision():
                                     info={"gpu": None})
     assert 30 < full["tflop_per_epoch"] < 40 and full["tflops"] == pytest.approx(full["tflop_per_epoch"])
     assert full["fraction_of_peak"] is None and "no fp32 peak known for this CPU" in full["text"]  # it trains fp32
+    # in human units: the count and the rate in the unit that reads best, the time as a duration, no e-notation
+    assert full["text"].startswith(f"{timing.flop_rate(full['tflop_per_epoch'] * 1e12)[:-2]} per epoch in 1.00 s: "
+                                   f"{timing.flop_rate(full['tflops'] * 1e12)}, ")
+    slow = experiments.flop_summary(widths=SMALL, batch_size=64, steps=10, epoch_s=0.0123, info={"gpu": None})
+    assert " GFLOP per epoch in 12.3 ms: " in slow["text"] and "GFLOP/s, " in slow["text"] and "e-" not in slow["text"]
     t4 = {"gpu": "Tesla T4", "bf16_native": False, "compute_capability": "7.5"}
     a100 = {"gpu": "NVIDIA A100-SXM4-80GB", "bf16_native": True, "compute_capability": "8.0"}
     for info, precision in ((t4, "fp16"), (a100, "bf16")):

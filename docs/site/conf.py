@@ -18,6 +18,9 @@ copyright = f"{author} ({PYPROJECT['project']['license']} license)"
 
 extensions = ["myst_nb"]
 nb_execution_mode = "off"  # the committed outputs are the lesson's record; the site never re-runs a cell
+# A text/markdown output (bench.Table: the lessons' results tables) is read as GitHub-flavoured markdown, as Jupyter
+# and Colab read it: its pipes become a table (myst-nb's default, CommonMark, has no tables and prints the pipes)
+nb_render_markdown_format = "gfm"
 exclude_patterns = ["**/.ipynb_checkpoints"]
 # Links to a heading of another page (the lessons' links to docs/glossary.md#roofline) resolve to its anchor
 myst_heading_anchors = 2
@@ -36,6 +39,10 @@ html_theme_options = {
     "show_toc_level": 2,
 }
 html_copy_source = True  # the theme's download button offers each page's source (a lesson's .ipynb) from here
+# static/course.css: code and outputs wrap at the text column's edge instead of running past it (tests/test_site.py
+# fails on any lesson output or code wider than its column at a laptop's width)
+html_static_path = ["static"]
+html_css_files = ["course.css"]
 html_favicon = "favicon.svg"  # without one, every page's request for /favicon.ico fails
 html_show_sourcelink = False
 # The theme's light/dark mode for a first visit; left unset, its script logs a console error on every first visit
