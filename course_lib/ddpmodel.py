@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 from .parallel import Job, toy_data, toy_model, train_steps
 
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket cap (bucket_cap_mb=25): one all-reduce call per bucket
-SIZES = (4, 2**24)  # all-reduce sizes in bytes: one is all latency, 16 MiB mostly bytes
+SIZES = (4, 2**24)  # all-reduce sizes in bytes: one is all latency, 16 MiB mostly bytes (a lesson adds its own)
 REPEATS = 7  # timed all-reduces per size, and rounds of the step alone and beside the others
 
 
@@ -61,12 +61,14 @@ def measure(world: int = 2, sizes: tuple[int, ...] = SIZES, repeats: int = REPEA
         return torch.load(job.out, weights_only=True)
 
 
-def link(allreduce_s: dict, world: int) -> tuple[float, float]:
-    """(latency s, bandwidth bytes/s) from the smallest and largest all-reduce: the smallest is all latency; the
-    largest's time beyond it carries 2(N-1)/N of its bytes per process (a ring all-reduce)."""
-    small, large = min(allreduce_s), max(allreduce_s)
+def link(allreduce_s: dict, world: int, nbytes: float | None = None) -> tuple[float, float]:
+    """(latency s, bandwidth bytes/s): the smallest all-reduce is all latency; the bandwidth is what the measured
+    size nearest `nbytes` (the largest when None) got beyond it, 2(N-1)/N of its bytes per process (a ring). Like
+    memory's, gloo's bandwidth depends on the message's size, so the model reads it at the gradients' own."""
+    small = min(allreduce_s)
+    size = max(allreduce_s) if nbytes is None else min(allreduce_s, key=lambda b: abs(b - nbytes))
     latency = allreduce_s[small]
-    return latency, ring_bytes(large, world) / max(allreduce_s[large] - latency, 1e-12)
+    return latency, ring_bytes(size, world) / max(allreduce_s[size] - latency, 1e-12)
 
 
 def ring_bytes(grad_bytes: float, world: int) -> float:

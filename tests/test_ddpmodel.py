@@ -11,6 +11,9 @@ def test_ring_bytes_and_the_link_from_two_sizes():
     times = {4: 5e-5, 2**24: 5e-5 + 2**24 / 2e9}
     latency, bandwidth = ddpmodel.link(times, 2)
     assert latency == pytest.approx(5e-5) and bandwidth == pytest.approx(2e9)
+    times[250_000] = 5e-5 + 250_000 / 1e8  # a mid-sized all-reduce at 0.1 GB/s: the size nearest the gradients
+    assert ddpmodel.link(times, 2, nbytes=248_000)[1] == pytest.approx(1e8)
+    assert ddpmodel.link(times, 2)[1] == pytest.approx(2e9)  # no size named: the largest
 
 
 def test_prediction_adds_sharing_latency_and_bytes():

@@ -170,7 +170,11 @@ def test_committed_tables_never_label_a_faster_row_slower(path):
 
 # a ceiling course_lib.ceilings flagged noisy, and the share of its roof an op reached (lesson 00's roofline cell)
 NOISY_CEILING = re.compile(r"^.*\bNOISY\b.*$", re.M)
-ROOF_SHARE = re.compile(r"([\d,.]+)\s*% of the speed its roof allows")
+# (lesson 00's "% of the speed its roof allows", lesson 07's "% of the int8 roof")
+ROOF_SHARE = re.compile(r"([\d,.]+)\s*% of (?:the speed its roof allows|the \w+ roof)")
+#: the ceilings lesson 00 must show, one line each: the op classes the step models read (course_lib.opclasses)
+OP_CLASS_ROWS = ("matmul fp32", "conv fp32", "memory", "memory cache", "add reused", "add fresh", "copy fresh", "tanh",
+                 "per op", "per call compiled")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
@@ -182,3 +186,11 @@ def test_committed_outputs_show_no_noisy_ceiling_and_no_op_above_its_roof(path):
     found += [f"cell {i}: an op above its roof: {m.group(0)!r}" for i, text in output_texts(path)
               for m in ROOF_SHARE.finditer(text) if float(m.group(1).replace(",", "")) > 100]
     assert not found, "\n".join(found)
+
+
+def test_lesson_00_commits_every_op_class_ceiling():
+    """Lesson 00's committed ceilings name every op class the step models read, each with its spread (blocks)."""
+    path = next(p for p in NOTEBOOKS if p.stem == "00_setup")
+    text = "\n".join(t for _, t in output_texts(path))
+    missing = [name for name in OP_CLASS_ROWS if not re.search(rf"^  {re.escape(name)}: .*blocks", text, re.M)]
+    assert not missing, f"lesson 00's committed ceilings lack {missing}"
