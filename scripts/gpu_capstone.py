@@ -233,8 +233,8 @@ def part_g(dm, report, *, seeds, deadline, gpu, widths, batch, epochs) -> list[d
     head = ["## (g) hiverge's record (its port)", "",
             f"scripts/hiverge_port.py (cifar10_speedrun.py at 5cd49b1, github.com/hiverge/cifar10-speedrun): widths "
             f"{widths}, batch {batch}, {epochs} epochs, {str(dtype).removeprefix('torch.')} weights"
-            f"{', channels_last' if gpu else ''}, Newton-Schulz in the same dtype, selective TTA on the least confident "
-            f"quarter; not compiled. Time: whitening + training + TTA, after one untimed warm-up run."]
+            f"{', channels_last' if gpu else ''}, Newton-Schulz in the same dtype, selective TTA on the least "
+            f"confident quarter; not compiled. Time: whitening + training + TTA, after one untimed warm-up run."]
     timer, trials = timing.DeviceTimer(device), []
 
     def one(seed):
