@@ -86,6 +86,31 @@ def test_committed_verdict_lines_are_short(path):
     assert not long, "\n".join(long)
 
 
+# a row of course_lib.breakdown's table: | op | calls | measured (share) | bound (class) | efficiency |
+BREAKDOWN_ROW = re.compile(r"^\| ([\w.:]+) \| \d+ \| [^|]+ \| [^|]+\((compute|memory|overhead)\) \| ([\d,.]+)% \|$", re.M)
+
+
+def breakdown_rows_above_their_roof(text: str) -> list[str]:
+    """The breakdown rows in `text` whose efficiency (bound / measured) is above 100 %: an op faster than its roof."""
+    return [m.group(0) for m in BREAKDOWN_ROW.finditer(text) if float(m.group(3).replace(",", "")) > 100]
+
+
+def test_the_breakdown_check_finds_an_op_above_its_roof():
+    """The check reads breakdown.table's rows: 105 % fails, 81 % and a not-modelled row pass."""
+    rows = ["| convolution_backward | 8 | 31.0 ms (41%) | 32.5 ms (compute) | 105% |",
+            "| convolution | 8 | 8.07 ms (18%) | 7.44 ms (compute) | 92% |",
+            "| Python between ops | – | 1.52 ms (3%) | not in the model | – |"]
+    assert breakdown_rows_above_their_roof("\n".join(rows)) == rows[:1]
+
+
+@pytest.mark.parametrize("path", MEASURED, ids=[p.stem for p in MEASURED])
+def test_committed_breakdowns_show_no_op_above_its_roof(path):
+    """No op in a committed step breakdown runs faster than its bound: an efficiency above 100 % means the ceiling
+    of its class was measured too low (lesson 00 measures the course's convolution shapes for that reason)."""
+    found = [f"cell {i}: {row}" for i, text in output_texts(path) for row in breakdown_rows_above_their_roof(text)]
+    assert not found, "\n".join(found)
+
+
 FIT = """
 import sys, warnings
 import lightning as L, torch
