@@ -21,8 +21,6 @@ TIMED_BY_HAND = "timed by hand"  # the comment that marks a cell whose clock rea
 # solution 03): (notebook or solution file, expression) -> (at most how many cells may still hold it, why). A new use
 # fails (the count grows); the list only shrinks: drop an entry once its cells are fixed.
 ALLOWED: dict[tuple[str, str], tuple[int, str]] = {
-    # lesson 03, cell 4: GPU = torch.cuda.is_available() (hardware.gpu_count() answers without initialising CUDA)
-    ("03_gpu_and_data.ipynb", "torch.cuda.is_available"): (1, "lesson 03's owner has not moved it yet"),
     # lesson 03, cells 12 (gb_per_s), 14 (pinning time), 16 (step_ms) and 35 (first_batch_s): the lesson teaches
     # host-to-device copies and data waits with a hand-held clock; each cell needs the TIMED_BY_HAND comment, or
     # timing.Stopwatch

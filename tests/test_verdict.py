@@ -221,7 +221,8 @@ def test_no_difference_is_called_against_the_medians():
 
 
 # the lessons' longest names (03's data-path rows, 06's process layouts, 07's models, 08's steps)
-NAMES = [("JPEG, 2 workers, pinned + persistent", "JPEG, num_workers=2"),
+NAMES = [("uint8 cache, num_workers=0", "JPEG, 2 workers, persistent"),
+         ("JPEG, 2 workers, persistent", "JPEG, num_workers=2"),
          ("data on the device", "the DataLoader with num_workers=0"),
          ("2 processes x 1 thread, DDP", "1 process x 2 threads"),
          ("keeping the loss on the device", "one .item() per step"),
