@@ -245,7 +245,7 @@ class Twin:
     def fit(self, batches: DeviceBatches, epochs: float, precision: str | None = None) -> dict:
         """Train on the batches: whitens from their images (unless .net is whitened already); fractional epochs stop
         after total_steps(epochs, len(batches)) steps. Returns per-step losses (tensor), per-epoch seconds, the net."""
-        precision, r = hardware.choose_precision(precision, accelerator=batches.images.device.type), self.recipe
+        precision, r = hardware.choose_precision(precision), self.recipe  # the policy: the module's Trainer picks alike
         if batches.batch_size != r.batch_size:
             raise ValueError(f"The batches hold {batches.batch_size} images but the recipe's batch_size is "
                              f"{r.batch_size}: pass Recipe(batch_size={batches.batch_size}, ...).")
