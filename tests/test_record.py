@@ -48,18 +48,22 @@ def _banks(seed=0):
     return [torch.nn.Parameter(torch.randn(s, generator=g) * 0.1) for s in SHAPES]
 
 
+def _step_together(opt_a, opt_b, a: list, b: list, *, steps: int, seed: int) -> None:
+    """Step two optimisers over twin parameter lists with the same seeded random gradients."""
+    for step in range(steps):
+        g = torch.Generator().manual_seed(seed + step)
+        for pa, pb in zip(a, b):
+            pa.grad = torch.randn(pa.shape, generator=g)
+            pb.grad = pa.grad.clone()
+        opt_a.step(), opt_b.step()
+
+
 @pytest.mark.parametrize("every", [(1, 0.0), (2, 15.0)])
 def test_batched_muon_equals_the_loop(every):
     """batched=True changes the ops, not the update: the loop over banks and the padded stack agree step for step."""
     a, b = _banks(), _banks()
     kw = dict(lr=0.2, momentum=0.6, dtype=torch.float32, normalize_every=every, total_steps=6, filter_decay=1e-3)
-    opt_a, opt_b = muon.Muon(a, **kw), muon.Muon(b, batched=True, **kw)
-    for step in range(6):
-        g = torch.Generator().manual_seed(100 + step)
-        for pa, pb in zip(a, b):
-            pa.grad = torch.randn(pa.shape, generator=g)
-            pb.grad = pa.grad.clone()
-        opt_a.step(), opt_b.step()
+    _step_together(muon.Muon(a, **kw), muon.Muon(b, batched=True, **kw), a, b, steps=6, seed=100)
     for pa, pb in zip(a, b):
         torch.testing.assert_close(pa, pb, atol=1e-5, rtol=1e-4)
 
@@ -73,12 +77,7 @@ def test_batched_muon_steps_as_hiverges():
                     filter_decay=r.filter_decay * 100 / 1024)
     ref = port.Muon(theirs, lr=r.filter_lr, momentum=r.filter_momentum, total_train_steps=8,
                     weight_decay=port.HYP["wd_per_image"] * 100)
-    for step in range(8):
-        g = torch.Generator().manual_seed(200 + step)
-        for po, pt in zip(ours, theirs):
-            po.grad = torch.randn(po.shape, generator=g)
-            pt.grad = po.grad.clone()
-        opt.step(), ref.step()
+    _step_together(opt, ref, ours, theirs, steps=8, seed=200)
     for po, pt in zip(ours, theirs):
         torch.testing.assert_close(po, pt, atol=2e-5, rtol=1e-4)
 
