@@ -372,26 +372,25 @@ def main() -> int:
     m_batch, m_epochs = (batch, epochs) if dry else (speedrun.MUON.batch_size, speedrun.MUON.epochs)
     e = guarded(report, "e", ["## (e) airbench94_muon itself"], lambda: part_e(
         args, dm, report, deadline=deadline, dry=dry, widths=widths, batch=m_batch, epochs=m_epochs))
-    recipe = dataclasses.replace(speedrun.MUON, widths=widths, batch_size=m_batch, channels_last=gpu and not dry,
-                                 compile=gpu and not dry)
-    f_head = ["## (f) the course's Muon rung (SpeedrunModule with speedrun.MUON)", "",
-              f"Timed as (b). {muon.describe(muon.iteration_dtype('cuda' if gpu else 'cpu'))}."]
-    f = guarded(report, "f", f_head, lambda: part_b(speedrun.SpeedrunModule(recipe), dm, report,
-                                                    seeds=args.seeds_list, epochs=m_epochs, precision=precision,
-                                                    deadline=deadline, head=f_head, key="f"))
+
+    def course_rung(key: str, base: speedrun.Recipe, name: str, batch_size: int, rung_epochs: float, note: str = ""):
+        """One course rung timed as (b): base's recipe at this run's widths and batch, compiled on a GPU only."""
+        recipe = dataclasses.replace(base, widths=widths, batch_size=batch_size, channels_last=gpu and not dry,
+                                     compile=gpu and not dry)
+        head = [f"## ({key}) the course's {name} rung (SpeedrunModule with speedrun.{name.upper()})", "",
+                f"Timed as (b). {muon.describe(muon.iteration_dtype('cuda' if gpu else 'cpu'))}{note}."]
+        return guarded(report, key, head, lambda: part_b(speedrun.SpeedrunModule(recipe), dm, report,
+                                                         seeds=args.seeds_list, epochs=rung_epochs,
+                                                         precision=precision, deadline=deadline, head=head, key=key))
+
+    f = course_rung("f", speedrun.MUON, "Muon", m_batch, m_epochs)
     guarded(report, "muon", ["## Muon comparison"], lambda: muon_summary(report, e, f))
     # the record rung: hiverge's batch and epochs on a GPU, the dry run's size otherwise
     r_batch, r_epochs = (batch, epochs) if dry else (speedrun.RECORD.batch_size, speedrun.RECORD.epochs)
     g = guarded(report, "g", ["## (g) hiverge's record (its port)"], lambda: part_g(
         dm, report, seeds=args.seeds_list, deadline=deadline, gpu=gpu and not dry, widths=widths, batch=r_batch,
         epochs=r_epochs))
-    record = dataclasses.replace(speedrun.RECORD, widths=widths, batch_size=r_batch, channels_last=gpu and not dry,
-                                 compile=gpu and not dry)
-    h_head = ["## (h) the course's record rung (SpeedrunModule with speedrun.RECORD)", "",
-              f"Timed as (b). {muon.describe(muon.iteration_dtype('cuda' if gpu else 'cpu'))}; selective TTA."]
-    h = guarded(report, "h", h_head, lambda: part_b(speedrun.SpeedrunModule(record), dm, report,
-                                                    seeds=args.seeds_list, epochs=r_epochs, precision=precision,
-                                                    deadline=deadline, head=h_head, key="h"))
+    h = course_rung("h", speedrun.RECORD, "record", r_batch, r_epochs, "; selective TTA")
     guarded(report, "record", ["## Record comparison"], lambda: muon_summary(
         report, g, h, key="record", names=("the course (h)", "hiverge's port (g)"), rung="record"))
     d_head = ["## (d) lessons 03-05 and 06's one-device row", ""]
