@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from . import hardware
+from . import hardware, lessons
 from .errors import CourseError, MissingPathError
 from .files import atomic_file
 
@@ -47,58 +47,23 @@ SIZES = {
 }
 
 
-#: the device kind of a CPU without native bf16 instructions (hardware.CPU_BF16_FLAGS), for lessons that time bf16
-CPU_EMULATED_BF16 = "cpu without native bf16"
+CPU_EMULATED_BF16 = lessons.CPU_EMULATED_BF16  # the device kind of a CPU without native bf16 instructions
 
-# Lessons whose work does not fit the common size: (lesson, size, "cpu" or "gpu") -> what differs. On a CPU, full
-# sizes aim at about 10 minutes a lesson on 2 cores (a slow CPU takes longer: docs/results/cpu-2core.md); on a GPU,
-# full is the real thing.
-LESSON_SCALES = {
-    ("04_mixed_precision", "smoke", "cpu"): dict(width=0.25),  # ResNet-9 at 16 channels
-    # smoke checks the code: emulated bf16 gets an eighth of the images and half the timed steps
-    ("04_mixed_precision", "smoke", CPU_EMULATED_BF16): dict(train_subset=256, eval_subset=128, width=0.25,
-                                                            bench_steps=3),
-    ("03_gpu_and_data", "full", "cpu"): dict(bench_steps=50),  # 6 rounds of 50 steps: 3 rounds of 100's time
-    ("04_mixed_precision", "full", "cpu"): dict(train_subset=10_000, width=0.25, bench_steps=50),  # 16 channels
-    # emulated bf16 steps take about 12x fp32's on an AVX2 CPU, so 04's bf16 rows get a fifth of the steps there
-    ("04_mixed_precision", "full", CPU_EMULATED_BF16): dict(train_subset=2_000, width=0.25, bench_steps=10),
-    ("07_quantization", "smoke", "cpu"): dict(width=0.25),  # ResNet-9 at 16 channels
-    ("07_quantization", "smoke", "gpu"): dict(width=0.25),
-    ("07_quantization", "full", "cpu"): dict(train_subset=4_096, eval_subset=2_000, width=0.25),  # 16 channels
-    ("08_capstone", "smoke", "cpu"): dict(train_subset=256, eval_subset=256, epochs=2, width=1 / 8, batch_size=64),
-    ("08_capstone", "smoke", "gpu"): dict(train_subset=256, eval_subset=256, epochs=2, width=1 / 8, batch_size=64),
-    ("08_capstone", "full", "cpu"): dict(train_subset=5_000, eval_subset=2_000, epochs=10, width=1 / 4, batch_size=256),
-    ("08_capstone", "full", "gpu"): dict(epochs=10, batch_size=1024),  # airbench94's schedule on all the data
-    # the GPU scripts' benchmark rows (lessons 03-05 and 06); on a CPU, or at smoke size, they are dry runs
-    ("gpu_check", "smoke", "cpu"): dict(bench_steps=2, batch_size=32),
-    ("gpu_check", "smoke", "gpu"): dict(bench_steps=2, batch_size=32),
-    ("gpu_check", "full", "cpu"): dict(bench_steps=10, batch_size=64),
-    ("gpu_check", "full", "gpu"): dict(bench_steps=50, batch_size=512),
-    ("gpu_ddp_check", "smoke", "cpu"): dict(bench_steps=2, batch_size=32),
-    ("gpu_ddp_check", "smoke", "gpu"): dict(bench_steps=2, batch_size=32),
-    ("gpu_ddp_check", "full", "cpu"): dict(bench_steps=10, batch_size=64),
-    ("gpu_ddp_check", "full", "gpu"): dict(bench_steps=50, batch_size=256),  # per process
-}
-
+# Lessons whose work does not fit the common size, from their specs (course_lib.lessons): (lesson, size, device
+# kind) -> the RunSize fields that differ.
+LESSON_SCALES = {(unit.name, s.size, s.kind): s.changes() for unit in lessons.LESSONS + lessons.SCRIPTS
+                 for s in unit.scales}
 
 #: make course's time on any CPU class: each lesson's full size on a CPU is fitted to its share, LESSON_BUDGET_S
 COURSE_BUDGET_S = 35 * 60
-#: the seconds each lesson's full run may take on a CPU: the native-bf16 reference run's times x 1.5, 1,745 s in all,
-#: leaving the rest of COURSE_BUDGET_S to the fixed costs the rule does not scale (start-up, compilation, spawns)
-LESSON_BUDGET_S = {"00_setup": 40, "01_pytorch_baseline": 105, "02_lightning": 140, "03_gpu_and_data": 285,
-                   "04_mixed_precision": 145, "05_compile_and_tuning": 100, "06_ddp": 310, "07_quantization": 150,
-                   "08_capstone": 470}
-#: what the budget rule scales from: make course at full size on two 2-core AMD EPYCs, one per answer to 'native
-#: bf16?' (lesson 04's bf16 rows differ most), as (the fp32 matmul GFLOP/s of lesson 00's fastest block, wall s per
-#: lesson); docs/results/cpu-2core.md names the runs
-REFERENCE_RUNS = {
-    True: (197.0, {"00_setup": 26, "01_pytorch_baseline": 70, "02_lightning": 94, "03_gpu_and_data": 191,
-                   "04_mixed_precision": 97, "05_compile_and_tuning": 67, "06_ddp": 206, "07_quantization": 99,
-                   "08_capstone": 314}),
-    False: (94.0, {"00_setup": 33, "01_pytorch_baseline": 194, "02_lightning": 282, "03_gpu_and_data": 506,
-                   "04_mixed_precision": 517, "05_compile_and_tuning": 176, "06_ddp": 273, "07_quantization": 227,
-                   "08_capstone": 1118}),
-}
+#: the seconds each lesson's full run may take on a CPU (each lesson's spec: budget_s)
+LESSON_BUDGET_S = {lesson.name: lesson.budget_s for lesson in lessons.LESSONS if lesson.budget_s}
+#: the fp32 matmul GFLOP/s of lesson 00's fastest block on the two reference CPUs, by 'native bf16?'
+REFERENCE_GFLOPS = {True: 197.0, False: 94.0}
+#: what the budget rule scales from: (reference GFLOP/s, wall s per lesson: each lesson spec's reference_s)
+REFERENCE_RUNS = {native: (gflops, {lesson.name: lesson.reference_s[0 if native else 1] for lesson in lessons.LESSONS
+                                    if lesson.reference_s})
+                  for native, gflops in REFERENCE_GFLOPS.items()}
 TRAIN_IMAGES = 40_000  # a full run's training images: the 50,000 less 10 % validation and 10 % test (data.py)
 
 

@@ -7,6 +7,7 @@ import re
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import nbformat
@@ -14,7 +15,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 from traitlets.config import Config
 
-from . import config, hardware, results
+from . import config, hardware, lessons, results
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # terminal colour and cursor codes (Jupyter's tracebacks carry them)
 
@@ -59,6 +60,49 @@ def run_lesson(path: Path, out_dir: Path, inplace: bool, timeout: int) -> dict:
             "figures": results.load(path.stem)}
 
 
+@dataclass(frozen=True)
+class LessonRun:
+    """A lesson's committed full-size run: its wall seconds, on which hardware, when (docs/results/lesson-times.json,
+    which the README's lesson table and the GPU estimator read)."""
+    lesson: str
+    seconds: float
+    size: str
+    hardware: str
+    time: str
+
+
+TIMES_FILE = "lesson-times.json"  # in docs/results/: the committed runs' LessonRun records, one per lesson
+README_BLOCK = "lessons"  # the README's marked block (results.block_markers) that lesson_table fills
+
+
+def times_file() -> Path:
+    """docs/results/lesson-times.json of this checkout."""
+    return (config.repo_root() or Path(".")) / "docs" / "results" / TIMES_FILE
+
+
+def committed_runs() -> dict[str, LessonRun]:
+    """{lesson: its committed full-size run} (times_file)."""
+    return {r["lesson"]: LessonRun(**r) for r in results.read_json(times_file(), [])}
+
+
+def lesson_table(runs: dict[str, LessonRun]) -> list[str]:
+    """The README's lesson table: a row per lesson spec (course_lib.lessons), its committed CPU time, a Colab link."""
+    colab = "https://colab.research.google.com/github/" + config.REPO_URL.removeprefix("https://github.com/")
+    rows = [[f"[{le.name}](notebooks/{le.name}.ipynb)", le.topic, le.status,
+             f"{runs[le.name].seconds:.0f} s" if le.name in runs else "not run yet",
+             f"[open]({colab}/blob/main/notebooks/{le.name}.ipynb)"] for le in lessons.LESSONS]
+    return results.markdown_table(["lesson", "topic", "status", "full size, 2-core CPU", "Colab"], rows)
+
+
+def commit_runs(rows: list[dict], size: str, machine: str) -> None:
+    """After `--inplace` at full size on a CPU: the passing lessons' runs into times_file and the README's table."""
+    runs = committed_runs()
+    runs.update({r["lesson"]: LessonRun(r["lesson"], round(r["seconds"]), size, machine, time.strftime("%Y-%m-%d"))
+                 for r in rows if r["ok"] and r["lesson"] in lessons.BY_NAME})
+    results.write_json(times_file(), [asdict(runs[name]) for name in lessons.names() if name in runs])
+    results.replace_block(times_file().parents[2] / "README.md", README_BLOCK, lesson_table(runs))
+
+
 def summary_markdown(rows: list[dict], size: str, machine: str) -> str:
     """The course summary: per lesson pass/fail, wall time and the figures it measured."""
     table = []
@@ -96,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
              if not args.lessons or any(p.stem.startswith(k) for k in args.lessons)]
     if not paths:
         raise SystemExit(f"No lessons matching {args.lessons or 'NN_*.ipynb'} in {args.notebooks}.")
+    unknown = [p.stem for p in paths if p.stem not in lessons.BY_NAME]
+    if unknown and Path(args.notebooks).resolve() == (config.repo_root() or Path(".")).resolve() / "notebooks":
+        raise SystemExit(f"No spec for {unknown} in course_lib/lessons.py: a lesson is its notebook and its spec.")
     print(f"Running {len(paths)} lessons, size {size}, on {machine}", flush=True)
     rows = []
     for i, path in enumerate(paths, 1):
@@ -109,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                                 "rows": rows})
     summary = summary_markdown(rows, size, machine)
     results.write_text(config.build_dir() / "summary.md", summary)
+    if args.inplace and size == "full" and not hardware.has_gpu():
+        commit_runs(ran, size, machine)  # the README's CPU column: the committed notebooks' own runs
     print("\n" + summary + f"\nExecuted notebooks and this summary are in {config.build_dir()}/")
     return 0 if all(r["ok"] for r in ran) else 1
 

@@ -23,12 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from course_lib import config, flops, hardware, models, results, runner  # the venv's install (make venv): no sys.path
+from course_lib import config, flops, hardware, lessons, models, results, runner  # the installed course: no sys.path
 from course_lib.internals import TorchDispatchMode  # sees every aten op (a private torch name)
 
 ROOT = Path(__file__).resolve().parents[1]
 
-LESSONS = tuple(path.stem for path in runner.lesson_paths(ROOT / "notebooks"))  # a new lesson needs lesson_items
+LESSONS = lessons.names()  # the lesson specs (course_lib.lessons); a new lesson needs lesson_items
 IMAGE_FLOATS = 3 * 32 * 32  # one CIFAR-10 image, (3, 32, 32)
 SPLIT_IMAGES = 50_000  # CIFAR-10's training JPEGs; lessons 01-07 carve 10 % validation and 10 % test from them
 
@@ -64,7 +64,7 @@ class Item:
     h2d_bytes: float = 0.0
 
 
-# --- reading the committed CPU run (notebook outputs and the README's CPU column) --------------------------------
+# --- reading the committed CPU run (notebook outputs and docs/results/lesson-times.json) ---------------------
 def _outputs(lesson: str) -> str:
     """All stream text a committed notebook printed."""
     nb = json.loads((ROOT / "notebooks" / f"{lesson}.ipynb").read_text())
@@ -82,11 +82,12 @@ def _find(lesson: str, pattern: str) -> list[tuple[str, ...]]:
 
 
 def cpu_wall_s(lesson: str) -> float:
-    """The README's 'full size, 2-core CPU' column for a lesson, in seconds: its row's one 'N s' cell."""
-    found = re.search(rf"^\| \[{lesson}\]\(.*?\| (\d+) s \|", (ROOT / "README.md").read_text(), re.MULTILINE)
-    if found is None:
-        raise ValueError(f"README.md's lesson table has no row for {lesson} with its CPU wall time ('| N s |').")
-    return float(found.group(1))
+    """A lesson's committed full-size CPU wall time in seconds (runner.committed_runs: docs/results/lesson-times.json,
+    which the README's lesson table shows)."""
+    runs = runner.committed_runs()
+    if lesson not in runs:
+        raise ValueError(f"{runner.times_file()} has no run of {lesson}: run it with the runner's --inplace.")
+    return runs[lesson].seconds
 
 
 @functools.lru_cache(maxsize=None)

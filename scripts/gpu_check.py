@@ -19,15 +19,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout: no install needed (GPU machine)
 
-from course_lib import bench, ceilings, config, hardware, results, runs, verdict
+from course_lib import bench, ceilings, config, hardware, lessons, results, runs, verdict
 from course_lib.modules import ImageClassifierModule
 from course_lib.sources import ImageFolderSource, load_image_folder, open_source
 
-TARGETS = [  # (lesson, config, baseline, required speedup): the targets for an H100/H200-class GPU
-    ("03", "small CNN, GPU-resident data", "small CNN, DataLoader 8 workers", 1.5),
-    ("04", "ResNet-9 bf16-mixed", "ResNet-9 fp32", 2.0),
-    ("05", "ResNet-9 bf16 + compile + channels_last", "ResNet-9 bf16-mixed", 1.3),
-]
+TARGETS = [(lesson.number, t.config, t.baseline, t.speedup) for lesson in lessons.LESSONS for t in lesson.targets]
+# (lesson, config, baseline, required speedup): the targets for an H100/H200-class GPU, from the lesson specs
 
 
 def target_lines(speed: dict[str, float], *, unmeasured: bool = True) -> list[str]:

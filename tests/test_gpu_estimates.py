@@ -81,7 +81,7 @@ def test_readme_table_is_the_scripts(est, full):
     assert "docs/results/gpu-estimates.md" in readme.read_text() and "T4 (estimate)" in readme.read_text()
 
 
-def test_cpu_wall_times_come_from_the_lesson_table(est):
-    """cpu_wall_s reads each lesson's 'N s' cell of the README's lesson table (the committed CPU run)."""
+def test_cpu_wall_times_come_from_the_committed_runs(est):
+    """cpu_wall_s reads each lesson's committed run (runner.committed_runs, which the README's lesson table shows)."""
     for lesson in est.LESSONS:
         assert est.cpu_wall_s(lesson) > 0, lesson

@@ -1,0 +1,85 @@
+"""The lesson as the unit (course_lib.lessons): a notebook and its spec agree. Every notebook has one spec and every
+spec one notebook, in course order; the notebook names itself as its spec does; its CHECK cells call the checks its
+spec lists; the README's lesson table and the committed run times are the specs' and the runner's; the sizes
+config reads are the specs'."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from course_lib import config, exercises, lessons, results, runner
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = runner.lesson_paths(REPO / "notebooks")
+
+
+def code(path: Path) -> str:
+    """A notebook's code cells, joined."""
+    return "\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")
+
+
+def test_every_notebook_has_one_spec_in_course_order():
+    assert [p.stem for p in NOTEBOOKS] == list(lessons.names()), "notebooks/ and course_lib/lessons.py differ"
+    assert len(lessons.BY_NAME) == len(lessons.LESSONS) + len(lessons.SCRIPTS), "two specs share a name"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem[:2])
+def test_notebook_names_itself_as_its_spec(path):
+    """The banner and the run size name the notebook's own spec (a literal, or LESSON = "<name>"), no other."""
+    text = code(path)
+    named = set(re.findall(r"""(?:banner|run_size)\(\s*["'](\w+)["']""", text))
+    named |= set(re.findall(r"""^LESSON = ["'](\w+)["']""", text, re.MULTILINE))
+    assert named == {path.stem}, named
+    assert lessons.get(path.stem).notebook
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem[:2])
+def test_notebook_calls_the_checks_its_spec_lists(path):
+    spec = lessons.get(path.stem)
+    assert re.findall(r"exercises\.(check_\w+)\(", code(path)) == list(spec.checks)
+    assert all(callable(getattr(exercises, name, None)) for name in spec.checks)
+
+
+def test_readme_lesson_table_is_the_specs():
+    """The README's lesson block is exactly lesson_table's lines: a topic or status changes in the spec only."""
+    assert results.read_block(REPO / "README.md", runner.README_BLOCK) == runner.lesson_table(runner.committed_runs())
+
+
+def test_every_lesson_has_a_committed_run():
+    runs = runner.committed_runs()
+    assert set(runs) == set(lessons.names())
+    assert all(r.seconds > 0 and r.size == "full" for r in runs.values())
+
+
+def test_config_reads_the_specs():
+    """Sizes, budgets and reference runs: every key names a spec, and each spec's scale is what run_size applies."""
+    assert {name for name, _, _ in config.LESSON_SCALES} <= set(lessons.BY_NAME)
+    assert set(config.LESSON_BUDGET_S) == {le.name for le in lessons.LESSONS if le.budget_s}
+    for spec in lessons.LESSONS:
+        for scale in spec.scales:
+            if scale.kind in (lessons.CPU, lessons.GPU):
+                size = config.run_size(spec.name, gpu=scale.kind == lessons.GPU, size=scale.size, fit=False)
+                assert all(getattr(size, k) == v for k, v in scale.changes().items()) or \
+                    (spec.name, scale.size, lessons.CPU_EMULATED_BF16) in config.LESSON_SCALES, (spec.name, scale)
+
+
+def test_an_unknown_spec_names_the_specs():
+    with pytest.raises(KeyError, match="00_setup"):
+        lessons.get("99_nothing")
+
+
+def test_commit_runs_rewrites_times_and_table(tmp_path, monkeypatch):
+    """--inplace at full size on a CPU: the passing lessons' seconds land in the times file and the README table."""
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    start, end = results.block_markers(runner.README_BLOCK)
+    (tmp_path / "README.md").write_text(f"# x\n{start}\nold\n{end}\n")
+    monkeypatch.setattr(runner, "times_file", lambda: tmp_path / "docs" / "results" / runner.TIMES_FILE)
+    runner.commit_runs([{"lesson": "00_setup", "ok": True, "seconds": 41.4},
+                        {"lesson": "01_pytorch_baseline", "ok": False, "seconds": 3.0}], "full", "CPU X")
+    runs = runner.committed_runs()
+    assert list(runs) == ["00_setup"] and runs["00_setup"].seconds == 41 and runs["00_setup"].hardware == "CPU X"
+    table = results.read_block(tmp_path / "README.md", runner.README_BLOCK)
+    assert "| 41 s |" in table[2] and "not run yet" in table[3]
