@@ -140,8 +140,9 @@ def mechanism_05(compiled: Callable, x: torch.Tensor, *, grading: Grading) -> bo
         y, peak = compiled(x)
         first_call_s = watch.stop()
         error = None
-    except Exception as err:  # Dynamo names the graph break; the learner needs its first line, not the trace
-        error = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    except Exception as err:  # Dynamo's own message is written for PyTorch's developers: say what it means
+        data_dependent = any(w in str(err) for w in ("data-dependent", "data dependent", "item()", "unhinted"))
+        error = "Python branches on a value read back from the device" if data_dependent else type(err).__name__
     problems = []
     if error is not None:
         problems.append(f"torch.compile(fullgraph=True) could not trace it as one graph ({error}): keep the values "
