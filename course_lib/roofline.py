@@ -1,11 +1,9 @@
 """The performance model: an op's or a step's FLOPs (torch's FlopCounterMode and its formulas), the bytes each op
 reads and writes (the sizes of its tensor inputs and outputs, seen by a dispatch mode), arithmetic intensity, and,
 against this machine's measured ceilings (course_lib.ceilings), the bound each op hits (compute, memory or the fixed
-cost per op) with the time that bound predicts; the roofline plot, a per-layer table and lesson 00's prediction
-check."""
+cost per op) with the time that bound predicts; the roofline plot and a per-layer table."""
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass
 from typing import Callable
@@ -20,7 +18,6 @@ KINDS = ("compute", "memory", "overhead")
 NO_TRAFFIC = ("empty", "detach", "lift_fresh", "alias", "_record_function")  # allocate, relabel or mark: no data
 TRANSCENDENTAL = ("tanh", "exp", "log", "sigmoid", "softmax", "gelu", "erf", "sqrt", "rsqrt", "sin", "cos")
 FRESH_BYTES = 32 * 2**20  # glibc always maps blocks past 32 MiB anew; smaller ones reuse freed heap memory
-PREDICTION_FACTOR = 3.0  # lesson 00's exercise: a prediction within 3x of the measured time passes
 
 
 @dataclass(frozen=True)
@@ -248,53 +245,3 @@ def plot(ceil: ceilings.Ceilings, points: list[tuple[str, float, float, float]],
            ylabel="FLOP/s", title=f"roofline of {ceil.hardware} ({ceil.device}, measured ceilings)")
     ax.legend(fontsize=8)
     return ax
-
-
-def grade_prediction(cases: dict[str, tuple[float, float]], factor: float = PREDICTION_FACTOR,
-                     name: str = "Exercise 3") -> bool:
-    """cases: {op: (predicted s, measured s)}. Passes when every prediction is within `factor` of its measured time;
-    prints each. No clock here: tests inject the times."""
-    passed = True
-    for op, (pred, meas) in cases.items():
-        ok = pred is not None and isinstance(pred, (int, float)) and math.isfinite(pred) and pred > 0
-        ratio = pred / meas if ok else float("nan")
-        within = ok and 1 / factor <= ratio <= factor
-        passed &= within
-        shown = timing.duration(pred) if ok else repr(pred)
-        print(f"{name}, {op}: predicted {shown}, measured {timing.duration(meas)}"
-              + (f" ({verdict.number(ratio)}x)" if ok else " (not a positive number of seconds)")
-              + (" ok" if within else f" outside {factor:g}x"))
-    print(f"{name}: {'passed' if passed else 'not yet'} (every prediction within {factor:g}x of the measured time)")
-    return passed
-
-
-def prediction_cases(device: str = "cpu") -> dict[str, Callable[[], object]]:
-    """Lesson 00's three ops, one per regime, at every run size (a smaller matmul would measure a busy machine's
-    thread wake-ups): a matmul, an elementwise add of 64 MiB operands and a loop of tiny multiplies."""
-    n, elements = 1024 if device == "cpu" else 4096, 2**24
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
-    x, y = torch.randn(elements, device=device), torch.randn(elements, device=device)
-    tiny = torch.zeros(ceilings.TINY_ELEMENTS, device=device)
-
-    def tiny_loop():
-        z = tiny
-        for _ in range(50):
-            z = z * 1.01
-    return {f"{n}x{n} fp32 matmul": lambda: a @ b, f"add of {elements:,} floats": lambda: x + y,
-            "50 tiny multiplies": tiny_loop}
-
-
-def check_prediction(predict: Callable, ceil: ceilings.Ceilings, factor: float = PREDICTION_FACTOR) -> bool:
-    """Lesson 00's exercise: predict(flops, bytes, ops, ceil) -> seconds for each case, graded against its measured
-    median (timing.time_calls) within `factor`. Prints each case's three regime times, so the factor is judged."""
-    cases = {}
-    for op, fn in prediction_cases(ceil.device).items():
-        c = count(fn)
-        b = bound(c.flops, c.bytes, c.n_ops, rate=ceil.rate(), bandwidth=ceil.bandwidth, per_op=ceil.per_op)
-        alone = ", ".join(f"{k} alone {timing.duration(s)}" for k, s in b.seconds.items())
-        runner_up = sorted(b.seconds.values())[-2]
-        print(f"  {op}: {c.flops:,} FLOP, {c.bytes:,} bytes, {ops(c.n_ops)}; {alone}: the {b.kind} ceiling's time "
-              f"is {verdict.number(b.predicted / runner_up)}x the next one's")
-        measured = statistics.median(timing.time_calls(fn, min_run_time=ceilings.SECONDS[ceil.size]))
-        cases[op] = (predict(c.flops, c.bytes, c.n_ops, ceil), measured)
-    return grade_prediction(cases, factor)
