@@ -30,7 +30,7 @@ RETRIES = 2  # a noisy ceiling is measured again up to this many times; the stea
 SCHEMA = 3  # the rows measured: a file saved before the op classes and the convolution (schemas 1-2) is measured again
 SIZE_RANK = {"smoke": 0, "full": 1}  # a saved full-size measurement serves a smoke run, not the other way round
 UNITS = {"compute": (1e9, "GFLOP/s"), "memory": (1e9, "GB/s"), "pointwise": (1e9, "G elements/s"),
-         "overhead": (1e-6, "us per op")}  # printed units
+         "overhead": (1e-6, "µs per op")}  # printed units
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class Ceiling:
         return min(self.values) if self.kind == "overhead" else max(self.values)
 
     def shown(self) -> tuple[float, str]:
-        """(the best sustained figure in printed units, the unit): GFLOP/s, GB/s or us per op."""
+        """(the best sustained figure in printed units, the unit): GFLOP/s, GB/s or µs per op."""
         scale, unit = UNITS.get(self.kind, UNITS["memory"])
         return self.best / scale, unit
 

@@ -204,7 +204,7 @@ def difference(a: Sequence[float], b: Sequence[float], name_a: str, name_b: str,
     d = iv.mid
     runs = f"{len(a)} and {len(b)} runs" if len(a) != len(b) else f"{len(a)} run{'s' * (len(a) > 1)} each"
     gap = f"{fmt.format(abs(d))}{unit} {higher if d >= 0 else lower} than {name_b}"
-    within = f"{d:+.{_decimals(fmt)}f}{unit}"
+    within = f"{d:+.{_decimals(fmt)}f}{unit}" if round(d, _decimals(fmt)) else f"~0{unit}"  # not +0.00
     if math.isnan(iv.lo):
         return Verdict(f"{name_a} vs {name_b}: {TOO_FEW} runs to judge ({runs}, need 2 a side)",
                        f"Student's t needs 2 runs a side, or a run-to-run spread measured elsewhere; {name_a} "
