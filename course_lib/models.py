@@ -127,9 +127,12 @@ class AirNet(nn.Module):
 
 
 @torch.no_grad()
-def init_whitening(net: AirNet, images: torch.Tensor, max_images: int = WHITEN_IMAGES, eps: float = 5e-4) -> None:
+def init_whitening(net: AirNet, images: torch.Tensor, max_images: int = WHITEN_IMAGES, eps: float = 5e-4,
+                   largest_first: bool = True) -> None:
     """Set net.whiten to the eigenvectors of the 2x2 patches' second-moment matrix (uncentred, as airbench94),
-    largest eigenvalue first, each scaled to unit output variance, and their negatives; its bias to zero.
+    largest eigenvalue first (airbench94, hiverge's SVD; largest_first=False: smallest first, airbench94_muon's eigh
+    order, which decides what a first group narrower than 24 channels passes on), each scaled to unit output
+    variance, and their negatives; its bias to zero.
 
     images: the net's own input, float (N, 3, H, W) training images normalised as for training (e.g.
     data.to_float(uint8_images[:5000])); the net knows nothing of the data's statistics."""
@@ -143,7 +146,8 @@ def init_whitening(net: AirNet, images: torch.Tensor, max_images: int = WHITEN_I
         p = p.permute(0, 2, 3, 1, 4, 5).reshape(-1, 12).double()  # one row per patch, ordered like a conv filter
         outer, n = outer + p.T @ p, n + len(p)
     eigval, eigvec = torch.linalg.eigh(outer / n)  # (12, 12) second moments; ascending eigenvalues, vectors in columns
-    eigval, eigvec = eigval.flip(0), eigvec.flip(1)  # largest first, as airbench orders its filters
+    if largest_first:  # airbench94 flips eigh's ascending order; airbench94_muon keeps it
+        eigval, eigvec = eigval.flip(0), eigvec.flip(1)
     eigvec = eigvec * eigvec.gather(0, eigvec.abs().argmax(0, keepdim=True)).sign()  # fix signs: deterministic
     filters = eigvec.T / (eigval.clamp_min(0) + eps).sqrt()[:, None]  # (12, 12): each output has unit second moment
     weight = torch.cat([filters, -filters])  # (24, 12): +/- pairs, so the GELU after them keeps both signs

@@ -58,6 +58,7 @@ class Recipe:
     head: str = "fixed"  # "fixed": logits x 1/9 (airbench94); "width": head weights of std 1, logits / widths[-1]
     #: the whitening bias's start: "zero" (airbench94) or "uniform" (airbench94_muon's nn.Conv2d draw, U(+-1/sqrt(12)))
     whiten_bias: str = "zero"
+    whiten_order: str = "largest"  # the whitening filters' eigenvalue order; "smallest": airbench94_muon's
     # hiverge's record (RECORD); these defaults are airbench94's and airbench94_muon's
     activation: str = "gelu"  # the conv groups' ("silu")
     bn_momentum: float = 0.4  # PyTorch's BatchNorm momentum: airbench's 0.6 is 1 - 0.4
@@ -76,9 +77,9 @@ class Recipe:
         if (self.optimizer, self.schedule, self.head) not in kinds:
             raise ValueError(f"optimizer, schedule, head: airbench94's sgd, triangle, fixed or airbench94_muon's muon, "
                              f"linear, width (MUON); got {self.optimizer}, {self.schedule}, {self.head}.")
-        if self.whiten_bias not in ("zero", "uniform") or self.activation not in ("gelu", "silu"):
-            raise ValueError(f"whiten_bias: 'zero' (airbench94) or 'uniform' (airbench94_muon); activation: 'gelu' or "
-                             f"'silu' (hiverge); got {self.whiten_bias!r}, {self.activation!r}.")
+        ok = dict(whiten_bias=("zero", "uniform"), activation=("gelu", "silu"), whiten_order=("largest", "smallest"))
+        if bad := {k: getattr(self, k) for k, v in ok.items() if getattr(self, k) not in v}:
+            raise ValueError(f"Recipe choices (airbench94's first; airbench94_muon's, hiverge's): {ok}; got {bad}.")
         if (not 0 <= self.label_smoothing < 1 or min(self.lookahead_every, self.whiten_bias_epochs) < 0
                 or self.tta_level not in (0, 1, 2) or self.batch_size < 1):
             raise ValueError(f"Need 0 <= label_smoothing < 1, lookahead_every >= 0 (0 = off), whiten_bias_epochs >= 0, "
@@ -94,19 +95,19 @@ torch.serialization.add_safe_globals([Recipe])
 MUON = Recipe(batch_size=2000, epochs=8, optimizer="muon", schedule="linear", head="width", lr=0.67 * 1024,
               bias_scale=0.053 / 0.67, momentum=0.85, weight_decay=2e-6 * 1024, filter_lr=0.24, filter_momentum=0.6,
               warmup=0.0, lookahead_every=0, label_smoothing=0.2, whiten_bias_epochs=3, tta_level=2,
-              whiten_bias="uniform")
+              whiten_bias="uniform", whiten_order="smallest")
 #: hiverge's record (github.com/hiverge/cifar10-speedrun, cifar10_speedrun.py at 5cd49b1, MIT), in MUON's units
 RECORD = Recipe(**{**asdict(MUON), **dict(
     batch_size=1536, epochs=7.59, lr=0.5415 * 1024, bias_scale=0.0573 / 0.5415, momentum=0.825, label_smoothing=0.09,
     weight_decay=1.0418e-6 * 1024, filter_lr=0.205, filter_momentum=0.655, whiten_bias_epochs=0.19, activation="silu",
-    bn_momentum=1 - 0.5566, jitter=(0.1399, 0.1308), whiten_images=960, tta_select=0.25, muon_batched=True,
-    ns_coefficients=(3.4576, -4.7391, 2.0843), normalize_every=(2, 15.0), filter_decay=1.0418e-6 * 1024)})
+    bn_momentum=1 - 0.5566, jitter=(0.1399, 0.1308), whiten_images=960, whiten_order="largest", tta_select=0.25,
+    muon_batched=True, ns_coefficients=(3.4576, -4.7391, 2.0843), normalize_every=(2, 15.0),
+    filter_decay=1.0418e-6 * 1024)})
 
 
 def recipe_net(recipe: Recipe) -> AirNet:
-    """A fresh AirNet for the recipe: airbench94's head scale 1/9, or airbench94_muon's unit-std head over width;
-    the whitening bias zero, or airbench94_muon's draw (recipe.whiten_bias), taken last so the other weights of a
-    seed are the same either way."""
+    """A fresh AirNet for the recipe: airbench94's head scale 1/9 or airbench94_muon's unit-std head over width; the
+    whitening bias zero or airbench94_muon's draw (whiten_bias), taken last: a seed's other weights stay the same."""
     kw = dict(bn_momentum=recipe.bn_momentum, activation=recipe.activation)
     if recipe.head == "fixed":
         net = AirNet(recipe.widths, **kw)
@@ -117,6 +118,16 @@ def recipe_net(recipe: Recipe) -> AirNet:
         bound = 1 / math.sqrt(net.whiten.weight[0].numel())
         nn.init.uniform_(net.whiten.bias.data, -bound, bound)
     return net
+
+
+@torch.no_grad()
+def whiten_from(net: AirNet, images: torch.Tensor, recipe: Recipe = Recipe()) -> None:
+    """Set net's whitening filters from the first recipe.whiten_images uint8 training images (N, 3, 32, 32), in its
+    whiten_order; the bias zero (airbench94), or kept (whiten_bias 'uniform': airbench94_muon sets the filters only)."""
+    bias, x = net.whiten.bias.detach().clone(), to_float(images[:recipe.whiten_images])  # x: (n, 3, 32, 32) normalised
+    init_whitening(net, x, len(x), largest_first=recipe.whiten_order == "largest")
+    if recipe.whiten_bias == "uniform":
+        net.whiten.bias.copy_(bias)
 
 
 def recipe_optimizer(net: nn.Module, recipe: Recipe, total_steps: int, steps_per_epoch: int | None = None):
@@ -133,16 +144,6 @@ def recipe_optimizer(net: nn.Module, recipe: Recipe, total_steps: int, steps_per
     return make_speedrun_optimizer(net, total_steps=total_steps, batch_size=recipe.batch_size, lr=recipe.lr,
                                    momentum=recipe.momentum, weight_decay=recipe.weight_decay,
                                    bias_scale=recipe.bias_scale, warmup=recipe.warmup)
-
-
-@torch.no_grad()
-def whiten_from(net: AirNet, images: torch.Tensor, keep_bias: bool = False, count: int = WHITEN_IMAGES) -> None:
-    """Set net's whitening filters from uint8 training images (N, 3, 32, 32), the first `count` (airbench94's
-    WHITEN_IMAGES); the bias zero as airbench94, or kept (keep_bias: airbench94_muon sets the filters only)."""
-    bias = net.whiten.bias.detach().clone()
-    init_whitening(net, to_float(images[:count]), max_images=count)
-    if keep_bias:
-        net.whiten.bias.copy_(bias)
 
 
 class SpeedrunModule(ClassifierSystem):
@@ -182,7 +183,7 @@ class SpeedrunModule(ClassifierSystem):
                 raise ValueError("SpeedrunModule whitens from the training images before the first step, and these "
                                  "batches have no .images: train on DeviceBatches (SpeedrunDataModule's), or call "
                                  "speedrun.whiten_from(module.net, <uint8 (N, 3, 32, 32) images>) first.")
-            whiten_from(self.net, images, self.recipe.whiten_bias == "uniform", self.recipe.whiten_images)
+            whiten_from(self.net, images, self.recipe)
         self.lookahead = Lookahead(self.net) if self.recipe.lookahead_every else None
         self.step_losses, self.total_steps = [], int(self.trainer.estimated_stepping_batches)
 
@@ -233,9 +234,8 @@ def make_trainer(epochs: float, precision: str | None = None, steps_per_epoch: i
 
 
 class Twin:
-    """Plain-PyTorch twin of SpeedrunModule: same net, optimiser, schedule, lookahead and metrics, no Lightning.
-    Built once, as the module is (channels_last; one torch.compile handle reused by every fit): load new weights into
-    .net in place between fits."""
+    """Plain-PyTorch twin of SpeedrunModule: same net, optimiser, schedule, lookahead and metrics, no Lightning. Built
+    once, as the module is (channels_last, one torch.compile handle for all fits): new weights go into .net in place."""
 
     def __init__(self, net: AirNet, recipe: Recipe = Recipe()):
         self.recipe = recipe
@@ -255,7 +255,7 @@ class Twin:
         scaler = torch.amp.GradScaler(device.type, enabled=precision == "16-mixed")
         net.train()
         if not bool(net.whitened):
-            whiten_from(net, batches.images, r.whiten_bias == "uniform", r.whiten_images)
+            whiten_from(net, batches.images, r)
         total = total_steps(epochs, len(batches))
         net.whiten.bias.requires_grad_(True)  # in the optimiser even if an earlier run froze it
         opt, sched = recipe_optimizer(net, r, total, len(batches))

@@ -77,7 +77,7 @@ def stage_init(recipe, widths, seed: int) -> list[str]:
 
 def stage_whitening(recipe, widths, dm) -> str:
     net = course_net(recipe, 0).net
-    speedrun.whiten_from(net, dm.train_set.images)
+    speedrun.whiten_from(net, dm.train_set.images, recipe)
     model = port_net(widths, 0)
     loader = airbench_port.Loader(dm.train_set.images, dm.train_set.labels, 100, train=True)
     model.init_whiten(loader.normalize(loader.images[:5000]))
@@ -174,7 +174,7 @@ def stage_one_start(recipe, dm, seed: int, epochs: int) -> list[str]:
     """Lightning's run against the port's loop from the course's start and batches."""
     module = course_net(recipe, seed)
     start = copy.deepcopy(module.net)
-    speedrun.whiten_from(start, dm.train_set.images, keep_bias=recipe.whiten_bias == "uniform")
+    speedrun.whiten_from(start, dm.train_set.images, recipe)
     state = {port_name(k): v for k, v in start.state_dict().items() if k != "whitened"}
     lrs = []
     orig_step = muon.Muon.step

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from course_lib import hardware, muon, optim, speedrun
+from course_lib.data import to_float
 from course_lib.ondevice import DeviceBatches
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
@@ -240,7 +241,7 @@ def test_muon_whitening_bias_starts_as_airbench94_muons():
     for bias in (theirs.whiten.bias, ours.whiten.bias):
         assert bias.abs().max() <= bound and bias.abs().max() > bound / 2 and bias.std() > bound / 4
     drawn = ours.whiten.bias.detach().clone()
-    speedrun.whiten_from(ours, torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8), keep_bias=True)
+    speedrun.whiten_from(ours, torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8), recipe)
     assert torch.equal(ours.whiten.bias, drawn) and bool(ours.whitened)
     for (name, a), b in zip(zero.state_dict().items(), ours.state_dict().values()):
         if name not in ("whiten.bias", "whiten.weight", "whitened"):
@@ -248,6 +249,35 @@ def test_muon_whitening_bias_starts_as_airbench94_muons():
     assert not zero.whiten.bias.any()
     with pytest.raises(ValueError, match="whiten_bias"):
         dataclasses.replace(recipe, whiten_bias="random")
+
+
+def test_muon_whitening_filters_sit_where_airbench94_muons_do():
+    """airbench94_muon's init_whiten keeps torch.linalg.eigh's order, smallest eigenvalue first (airbench94 and
+    hiverge's SVD put the largest first). It matters: the first group's dirac start passes on only its first
+    widths[0] of the 24 whitening channels, so at widths (16, ...) it decides which directions reach the net with both
+    signs. Issue 46: speedrun.MUON put the largest first until the gap was looked for. Each filter position holds the
+    port's filter (up to the pair's sign, which eigh leaves to LAPACK); hiverge's record keeps the largest first."""
+    import hiverge_port
+    torch.manual_seed(0)
+    images = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8)
+    images[:, 1] = images[:, 0] // 2 + images[:, 1] // 2  # correlated channels: distinct eigenvalues, a clear order
+    normed = to_float(images)  # the ports' normalisation (the same constants)
+
+    def cosines(recipe, theirs):
+        ours = speedrun.recipe_net(dataclasses.replace(recipe, widths=(16, 32, 32)))
+        speedrun.whiten_from(ours, images, recipe)
+        a, b = (w.reshape(24, -1).double() for w in (ours.whiten.weight, theirs.whiten.weight))
+        return ((a * b).sum(1) / a.norm(dim=1) / b.norm(dim=1)).abs()  # (24,): 1 where the same filter sits
+
+    theirs = port.make_model((16, 32, 32))
+    theirs.init_whiten(normed)
+    assert speedrun.MUON.whiten_order == "smallest" and cosines(speedrun.MUON, theirs).min() > 0.9999
+    assert cosines(dataclasses.replace(speedrun.MUON, whiten_order="largest"), theirs).min() < 0.5
+    record = hiverge_port.CifarNet((16, 32, 32))
+    record.init_whiten(normed)  # 64 images: RECORD reads its first 960, so all of them
+    assert speedrun.RECORD.whiten_order == "largest" and cosines(speedrun.RECORD, record).min() > 0.9999
+    with pytest.raises(ValueError, match="whiten_order"):
+        dataclasses.replace(speedrun.MUON, whiten_order="random")
 
 
 def test_module_and_twin_start_from_the_drawn_whitening_bias(tiny_folder, session_data_root):
@@ -290,7 +320,7 @@ def test_lightning_trains_as_airbench94_muons_loop_from_one_start(hardware_class
     recipe = dataclasses.replace(speedrun.MUON, widths=(8, 16, 16), batch_size=20)
     module = stages.course_net(recipe, 1)
     start = copy.deepcopy(module.net)
-    speedrun.whiten_from(start, dm.train_set.images, keep_bias=True)
+    speedrun.whiten_from(start, dm.train_set.images, recipe)
     state = {stages.port_name(k): v for k, v in start.state_dict().items() if k != "whitened"}
     run = experiments.run_seed(module, dm, seed=1, epochs=4, precision="32-true")
     dm.shuffle_seed = 1
