@@ -133,6 +133,7 @@ MAX_COLUMNS = 6  # a table a reader takes in at a glance; more fields go under i
 #: default columns (+ speedup where present); peak_mem_mb only for rows measured on a GPU (on a CPU it is the process's
 #: resident memory, which says little about one configuration), data_wait where a lesson asks for it (03 teaches it)
 SHOWN = ["name", "images_per_s", "step_ms", "peak_mem_mb"]
+HEADS = {"step_ms": "step (ms)"}  # printed names; data_wait and peak_mem_mb keep the names the lessons define
 SHARED = ["steps", "batch_size", "precision", "device", "repeats"]  # settings named once under the table when equal
 
 
@@ -164,6 +165,7 @@ def table(rows: list[dict], fields: list[str] | None = None) -> str:
         raise ValueError(f"bench.table: {len(cols)} columns {cols}; pass at most {MAX_COLUMNS} fields "
                          "and print the rest as a second table")
     head = [c if c != "images_per_s" or "images_per_s_min" not in rows[0] else "images_per_s (range)" for c in cols]
+    head = [HEADS.get(h, h) for h in head]  # plain words for the columns a reader meets most
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(_cell(r, c) for c in cols) + " |" for r in rows]
     shared = [f"{k} {rows[0][k]}" for k in SHARED if k not in cols and k in rows[0]
