@@ -22,7 +22,7 @@ OVERHEAD = (("loader", "enumerate(DataLoader)"), ("optimiser (Python)", "Optimiz
             ("autograd engine", "autograd::engine"), ("aten wrappers and views", "aten::"))
 PYTHON = "Python between ops"  # the step's time outside every recorded event: the interpreter, module calls
 CAUSES = {  # why a row takes longer than the model allows, as the sentence says it
-    "compute": "its shapes keep it below the matmul rate",
+    "compute": "the step runs it slower than it ran alone",
     "memory": "its kernel, not the bytes it moves, sets its time",
     "overhead": "its fixed cost per call exceeds the measured per-op cost",
     "loader": "each batch is fetched and collated in Python",
@@ -74,7 +74,7 @@ def measure(step: Callable[[], object], ceil: ceilings.Ceilings, *, fmt: str = "
     """Break `step` down: count its ops once warm (roofline.count), time it outside the profiler (timing.time_calls,
     unless `measured` gives seconds per step), then profile `steps` steps (enough for MIN_PROFILED_S by default)."""
     step()  # warm: the optimiser's state exists, the first-call allocations are done
-    counts = roofline.count(step)
+    counts = roofline.count(step, floors=True)  # products, convolutions, pooling: their floors at these shapes
     measured = measured or timing.time_calls(step, min_run_time=0.2 if config.run_size().name == "smoke" else 1.0)
     steps = steps or max(3, round(MIN_PROFILED_S / statistics.median(measured)))
     model = defaultdict(lambda: {"calls": 0, "bound": 0.0, "work": defaultdict(float)})

@@ -208,8 +208,11 @@ def measure(device: str = "cpu", *, size: str | None = None,
     b, c, side = CONV if size == "full" else (8, *CONV[1:])
     x = torch.randn(b, c, side, side, device=device).to(memory_format=torch.channels_last)
     w = torch.randn(c, c, 3, 3, device=device).to(memory_format=torch.channels_last)
-    add("conv fp32", "compute", 2 * b * side * side * c * c * 9, lambda: torch.nn.functional.conv2d(x, w, padding=1),
-        f"3x3 conv, {c} channels, {side}x{side}, batch {b}, channels_last")
+    for fmt in ("fp32", *(["bf16"] if "bf16" in formats(device) else [])):  # bf16's convolutions beat its matmul
+        xf, wf = (t.to(torch.bfloat16) if fmt == "bf16" else t for t in (x, w))
+        add(f"conv {fmt}", "compute", 2 * b * side * side * c * c * 9,
+            lambda xf=xf, wf=wf: torch.nn.functional.conv2d(xf, wf, padding=1),
+            f"3x3 conv, {c} channels, {side}x{side}, batch {b}, channels_last")
     for p in opclasses.probes(device):
         if p.warm:
             p.fn()  # a compiled graph compiles now, not inside the timer's choice of block size

@@ -1,99 +1,20 @@
-"""The performance model: an op's or a step's FLOPs (torch's FlopCounterMode and its formulas), the bytes each op
-reads and writes (the sizes of its tensor inputs and outputs, seen by a dispatch mode), arithmetic intensity, and,
-against this machine's measured ceilings (course_lib.ceilings), the bound each op hits (compute, memory or the fixed
-cost per op) with the time that bound predicts; the roofline plot and a per-layer table."""
+"""The performance model: an op's or a step's FLOPs and bytes (counted by course_lib.opcount), arithmetic intensity,
+and, against this machine's measured ceilings (course_lib.ceilings) and, for products, convolutions and pooling, their
+floors at the step's own shapes (opcount.floor), the bound each op hits (compute, memory or the fixed cost per op)
+with the time that bound predicts; the roofline plot and a per-layer table."""
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from . import ceilings, timing, verdict
-from .internals import TorchDispatchMode  # the hook that sees every aten op; torch names it only privately
+from .opcount import Counts, Op, count, fused, kernel_bound  # noqa: F401  (re-exported: the lessons' names)
 
 KINDS = ("compute", "memory", "overhead")
-NO_TRAFFIC = ("empty", "detach", "lift_fresh", "alias", "_record_function")  # allocate, relabel or mark: no data
 TRANSCENDENTAL = ("tanh", "exp", "log", "sigmoid", "softmax", "gelu", "erf", "sqrt", "rsqrt", "sin", "cos")
 FRESH_BYTES = 32 * 2**20  # glibc always maps blocks past 32 MiB anew; smaller ones reuse freed heap memory
-
-
-@dataclass(frozen=True)
-class Op:
-    """One aten op as counted: its name, FLOPs and the bytes of its tensor inputs and outputs."""
-
-    name: str
-    flops: int
-    bytes: int
-    matmul: bool = False  # a matrix product or convolution (FlopCounterMode's formulas): runs at the matmul rate
-    fresh: int = 0  # bytes of output the op allocates (not in place, no out=): new pages where they are large
-
-
-@dataclass
-class Counts:
-    """The ops a call ran (views excluded: they move no data and launch no kernel) and FlopCounterMode's total."""
-
-    ops: list[Op]
-    matmul_flops: int  # FlopCounterMode's total: matrix products and convolutions only
-
-    flops = property(lambda self: sum(o.flops for o in self.ops), doc="FLOPs, pointwise ops at one per element.")
-    bytes = property(lambda self: sum(o.bytes for o in self.ops), doc="Bytes read and written, summed over ops.")
-    n_ops = property(lambda self: len(self.ops), doc="Kernels run (ops that are not views).")
-    intensity = property(lambda self: self.flops / max(self.bytes, 1), doc="FLOPs per byte moved.")
-
-
-class _OpRecorder(TorchDispatchMode):
-    """Records every aten op: FLOPs from FlopCounterMode's formulas (pointwise ops one per output element) and bytes
-    of its tensor inputs and outputs (an `out=` tensor counted once, as written)."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops: list[Op] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        name = func.__name__.split(".")[0]
-        if func.is_view or name.startswith(NO_TRAFFIC):
-            return out
-        ins = _tensors([*args, *(v for k, v in kwargs.items() if k != "out")])
-        outs = _tensors([out])
-        packet = func.overloadpacket  # the op family FlopCounterMode keys its formulas by
-        if packet in flop_registry:
-            flops = flop_registry[packet](*args, **kwargs, out_val=out)
-        else:
-            flops = sum(t.numel() for t in outs) if torch.Tag.pointwise in func.tags else 0
-        fresh = 0 if name.endswith("_") or "out" in kwargs else sum(t.numel() * t.element_size() for t in outs)
-        self.ops.append(Op(name, int(flops), sum(t.numel() * t.element_size() for t in ins + outs),
-                           packet in flop_registry, fresh))
-        return out
-
-
-def _tensors(items: list) -> list[torch.Tensor]:
-    """The tensors among `items`, looking inside lists and tuples (an op's arguments and results)."""
-    found = []
-    for item in items:
-        if isinstance(item, torch.Tensor):
-            found.append(item)
-        elif isinstance(item, (list, tuple)):
-            found += _tensors(list(item))
-    return found
-
-
-def count(fn: Callable, *args, **kwargs) -> Counts:
-    """Run fn(*args, **kwargs) once (any device, meta too) and count its ops, FLOPs and bytes."""
-    with FlopCounterMode(display=False) as flop_counter, _OpRecorder() as recorder:
-        fn(*args, **kwargs)
-    return Counts(recorder.ops, flop_counter.get_total_flops())
-
-
-def fused(counts: Counts, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> Counts:
-    """The same FLOPs as one fused kernel: it reads `inputs` and writes `outputs` once, intermediates stay on chip."""
-    moved = sum(t.numel() * t.element_size() for t in [*inputs, *outputs])
-    return Counts([Op("fused", counts.flops, moved, fresh=sum(t.numel() * t.element_size() for t in outputs))],
-                  counts.matmul_flops)
 
 
 @dataclass(frozen=True)
@@ -141,10 +62,15 @@ def per_op(ceil: ceilings.Ceilings, op: Op | None = None) -> float:
 def op_bound(op: Op, ceil: ceilings.Ceilings, fmt: str = "fp32", rate: float | None = None) -> Bound:
     """One op against the ceilings of its class (op_class): products and convolutions at the matmul rate of `fmt`
     (or `rate`, a measured rate where the format is emulated), bytes at the bandwidth its size allows, transcendental
-    elements at their measured rate; the fixed cost per op (per_op) beside them."""
+    elements at their measured rate; a kernel-bound op no faster than its floor at its shapes (op.floor, where
+    counted), as compute (products) or memory (pooling); the fixed cost per op (per_op) beside them."""
     tr = _row(ceil, "tanh") if op_class(op) == "transcendental" else None  # elements/s
-    return Bound({"compute": (op.flops if op.matmul else 0) / (rate or ceil.rate(fmt)) + (op.flops / tr if tr else 0.0),
-                  "memory": op.bytes / bandwidth(ceil, op.bytes) + first_touch(ceil, op), "overhead": per_op(ceil, op)})
+    fixed = per_op(ceil, op)
+    compute = (op.flops if op.matmul else 0) / (rate or ceil.rate(fmt)) + (op.flops / tr if tr else 0.0)
+    memory = op.bytes / bandwidth(ceil, op.bytes) + first_touch(ceil, op)
+    kernel = max(0.0, op.floor - fixed)  # the op alone at its shapes, less the fixed cost charged beside it
+    return Bound({"compute": max(compute, kernel) if op.matmul else compute,
+                  "memory": memory if op.matmul else max(memory, kernel), "overhead": fixed})
 
 
 def step_model(counts: Counts, ceil: ceilings.Ceilings, fmt: str = "fp32", rate: float | None = None) -> dict:
@@ -207,7 +133,7 @@ def layers(net: torch.nn.Module, x: torch.Tensor, ceil: ceilings.Ceilings, fmt: 
         for name, mod in leaves:
             if name not in inputs:
                 continue
-            c = count(mod, inputs[name])
+            c = count(mod, inputs[name], floors=True)  # convolutions at their own shapes' floor
             if not c.ops:
                 continue
             m = step_model(c, ceil, fmt)

@@ -96,6 +96,22 @@ def breakdown_rows_above_their_roof(text: str) -> list[str]:
     return [m.group(0) for m in BREAKDOWN_ROW.finditer(text) if float(m.group(3).replace(",", "")) > 100]
 
 
+# a row of roofline.layer_lines' per-layer table: layer (type), MFLOP, MiB, bound, predicted ms, measured ms (share)
+LAYER_ROW = re.compile(r"^(\S+ \(\w+\)) +[\d.]+ +[\d.]+ +(?:compute|memory|overhead) +([\d.]+) +([\d.]+) \(", re.M)
+
+
+def layer_rows_above_their_roof(text: str) -> list[str]:
+    """The per-layer rows in `text` whose predicted time is above the measured one: a layer faster than its roof."""
+    return [m.group(0) for m in LAYER_ROW.finditer(text) if float(m.group(2)) > float(m.group(3))]
+
+
+def test_the_layer_check_finds_a_layer_above_its_roof():
+    """The check reads roofline.layer_lines' rows: predicted 2.245 ms against 1.914 measured fails, 0.644 passes."""
+    rows = ["groups.1.conv2 (Conv2d)               924.8    3.13   compute     2.245      1.914 (11%)",
+            "groups.0.conv2 (Conv2d)               265.4    3.52   compute     0.644      0.770 ( 4%)"]
+    assert [r.rstrip("(") for r in layer_rows_above_their_roof("\n".join(rows))] == [rows[0][:rows[0].index("(1")]]
+
+
 def test_the_breakdown_check_finds_an_op_above_its_roof():
     """The check reads breakdown.table's rows: 105 % fails, 81 % and a not-modelled row pass."""
     rows = ["| convolution_backward | 8 | 31.0 ms (41%) | 32.5 ms (compute) | 105% |",
@@ -106,9 +122,10 @@ def test_the_breakdown_check_finds_an_op_above_its_roof():
 
 @pytest.mark.parametrize("path", MEASURED, ids=[p.stem for p in MEASURED])
 def test_committed_breakdowns_show_no_op_above_its_roof(path):
-    """No op in a committed step breakdown runs faster than its bound: an efficiency above 100 % means the ceiling
-    of its class was measured too low (lesson 00 measures the course's convolution shapes for that reason)."""
-    found = [f"cell {i}: {row}" for i, text in output_texts(path) for row in breakdown_rows_above_their_roof(text)]
+    """No op in a committed step breakdown, and no layer in a per-layer table (08), runs faster than its bound: an
+    efficiency above 100 % means the ceiling of its class was measured too low (hence the floors at each shape)."""
+    found = [f"cell {i}: {row}" for i, text in output_texts(path)
+             for row in breakdown_rows_above_their_roof(text) + layer_rows_above_their_roof(text)]
     assert not found, "\n".join(found)
 
 

@@ -239,3 +239,22 @@ def test_layers_lists_each_leaf_layer_with_its_bound_and_the_plot_draws_one_roof
     assert len(roofline.layer_lines(rows)) == 1 + len(rows)
     ax = roofline.plot(fake_ceilings(), [("op", 1e6, 1e6, 1e-3)])
     assert len(ax.lines) == 1 and ax.get_xscale() == ax.get_yscale() == "log"
+
+
+def test_kernel_bound_ops_get_their_floor_at_their_shapes():
+    """floors=True replays products, convolutions and pooling alone at the step's shapes (their floor) and leaves
+    elementwise ops to their class; the floor binds where it exceeds the class's bound, less the per-op cost."""
+    x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3, requires_grad=True)
+    c = roofline.count(lambda: F.max_pool2d(F.conv2d(x, w).relu(), 2).sum().backward(), floors=True)
+    floored = {o.name for o in c.ops if o.floor > 0}
+    assert {"convolution", "convolution_backward", "max_pool2d_with_indices"} <= floored
+    assert not any(o.floor for o in c.ops if not roofline.kernel_bound(o.name, o.matmul))
+    assert roofline.count(lambda: F.conv2d(x, w)).ops[0].floor == 0  # not asked: the class's ceiling alone
+    ceil = ceilings.Ceilings("test machine", "cpu", "smoke", 1, "t", {
+        "matmul fp32": ceilings.summarise("matmul fp32", "compute", 1e12, [1.0]),
+        "memory": ceilings.summarise("memory", "memory", 1e10, [1.0]),
+        "per op": ceilings.summarise("per op", "overhead", 1, [1e-6])})
+    conv = roofline.Op("convolution", 10**6, 10**3, True, fresh=10**3, floor=1e-3)  # 1 µs at the rate, 1 ms alone
+    pool = roofline.Op("max_pool2d_with_indices", 0, 10**3, fresh=10**3, floor=1e-3)
+    assert roofline.op_bound(conv, ceil).seconds["compute"] == pytest.approx(1e-3 - 1e-6)
+    assert roofline.op_bound(pool, ceil).seconds["memory"] == pytest.approx(1e-3 - 1e-6)

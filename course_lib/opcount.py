@@ -1,0 +1,137 @@
+"""Counting the ops a call runs (roofline.count): each aten op's FLOPs (torch's FlopCounterMode and its formulas) and
+the bytes of its tensor inputs and outputs, seen by a dispatch mode; and, where asked, each kernel-bound op's floor at
+its own shapes: products, convolutions and pooling replayed alone with the step's own arguments, the best sustained
+seconds of one call (the fastest timed block). Those ops' speed depends on their shapes (LeNet's 6-channel
+convolutions run far below a 2048x2048 matmul's rate, max-pooling below its bytes' bandwidth), so the floor measured
+at the shapes the step runs is their ceiling; every other op stays with its class's ceiling (course_lib.ceilings)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
+
+from . import config, timing
+from .ceilings import NOISY, RETRIES
+from .internals import TorchDispatchMode  # the hook that sees every aten op; torch names it only privately
+
+NO_TRAFFIC = ("empty", "detach", "lift_fresh", "alias", "_record_function")  # allocate, relabel or mark: no data
+POOLING = ("max_pool", "avg_pool", "adaptive_max_pool", "adaptive_avg_pool")  # kernel-bound, not bytes-bound
+FLOOR_SECONDS = {"smoke": 0.02, "full": 0.1}  # timed seconds per distinct op and shape (a few blocks)
+_floors: dict[tuple, float] = {}  # signature -> best seconds per call, kept for the process (a lesson's sweep)
+
+
+@dataclass(frozen=True)
+class Op:
+    """One aten op as counted: its name, FLOPs and the bytes of its tensor inputs and outputs."""
+
+    name: str
+    flops: int
+    bytes: int
+    matmul: bool = False  # a matrix product or convolution (FlopCounterMode's formulas): runs at the matmul rate
+    fresh: int = 0  # bytes of output the op allocates (not in place, no out=): new pages where they are large
+    floor: float = 0.0  # seconds one call takes alone at these shapes (best sustained), where measured; 0: not
+
+
+@dataclass
+class Counts:
+    """The ops a call ran (views excluded: they move no data and launch no kernel) and FlopCounterMode's total."""
+
+    ops: list[Op]
+    matmul_flops: int  # FlopCounterMode's total: matrix products and convolutions only
+
+    flops = property(lambda self: sum(o.flops for o in self.ops), doc="FLOPs, pointwise ops at one per element.")
+    bytes = property(lambda self: sum(o.bytes for o in self.ops), doc="Bytes read and written, summed over ops.")
+    n_ops = property(lambda self: len(self.ops), doc="Kernels run (ops that are not views).")
+    intensity = property(lambda self: self.flops / max(self.bytes, 1), doc="FLOPs per byte moved.")
+
+
+def kernel_bound(name: str, matmul: bool) -> bool:
+    """Whether an op's time depends on its shapes beyond FLOPs and bytes: products, convolutions, pooling."""
+    return matmul or name.lstrip("_").startswith(POOLING)
+
+
+def _describe(item) -> object:
+    """A hashable description of an argument: a tensor by shape, strides, dtype and device; lists element-wise."""
+    if isinstance(item, torch.Tensor):
+        return tuple(item.shape), item.stride(), str(item.dtype), item.device.type
+    if isinstance(item, (list, tuple)):
+        return tuple(_describe(i) for i in item)
+    return repr(item)
+
+
+def floor(func, args: tuple, kwargs: dict) -> float:
+    """Best sustained seconds of one call of func(*args, **kwargs) alone (timing.time_calls' fastest block), once per
+    op and shapes in this process. The arguments are the step's own (values do not change a kernel's time)."""
+    key = (str(func), _describe(list(args)), _describe(sorted(kwargs.items())))
+    if key not in _floors:
+        seconds, tries = FLOOR_SECONDS[config.run_size().name], []
+        while len(tries) <= RETRIES and (not tries or max(tries[-1]) > NOISY * min(tries[-1])):  # a busy machine's
+            tries.append(timing.time_calls(lambda: func(*args, **kwargs), min_run_time=seconds))  # blocks: again
+        _floors[key] = min(min(t) for t in tries)
+    return _floors[key]
+
+
+class _OpRecorder(TorchDispatchMode):
+    """Records every aten op: FLOPs from FlopCounterMode's formulas (pointwise ops one per output element) and bytes
+    of its tensor inputs and outputs (an `out=` tensor counted once, as written); keeps kernel-bound ops' calls for
+    their floors when `floors`."""
+
+    def __init__(self, floors: bool = False):
+        super().__init__()
+        self.ops: list[Op] = []
+        self.calls: dict[int, tuple] = {}  # index in ops -> (func, args, kwargs) to replay for its floor
+        self.floors = floors
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = func.__name__.split(".")[0]
+        if func.is_view or name.startswith(NO_TRAFFIC):
+            return out
+        ins = _tensors([*args, *(v for k, v in kwargs.items() if k != "out")])
+        outs = _tensors([out])
+        packet = func.overloadpacket  # the op family FlopCounterMode keys its formulas by
+        if packet in flop_registry:
+            flops = flop_registry[packet](*args, **kwargs, out_val=out)
+        else:
+            flops = sum(t.numel() for t in outs) if torch.Tag.pointwise in func.tags else 0
+        fresh = 0 if name.endswith("_") or "out" in kwargs else sum(t.numel() * t.element_size() for t in outs)
+        matmul = packet in flop_registry
+        if self.floors and kernel_bound(name, matmul) and fresh and all(t.device.type != "meta" for t in ins):
+            self.calls[len(self.ops)] = (func, args, kwargs)
+        self.ops.append(Op(name, int(flops), sum(t.numel() * t.element_size() for t in ins + outs), matmul, fresh))
+        return out
+
+
+def _tensors(items: list) -> list[torch.Tensor]:
+    """The tensors among `items`, looking inside lists and tuples (an op's arguments and results)."""
+    found = []
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif isinstance(item, (list, tuple)):
+            found += _tensors(list(item))
+    return found
+
+
+def count(fn: Callable, *args, floors: bool = False, **kwargs) -> Counts:
+    """Run fn(*args, **kwargs) once (any device, meta too) and count its ops, FLOPs and bytes; with `floors`, each
+    product's, convolution's and pooling op's floor at its shapes (floor), replayed after the call, outside the
+    counters."""
+    with FlopCounterMode(display=False) as flop_counter, _OpRecorder(floors) as recorder:
+        fn(*args, **kwargs)
+    ops = recorder.ops
+    with torch.no_grad():
+        for i, call in recorder.calls.items():
+            ops[i] = dataclasses.replace(ops[i], floor=floor(*call))
+    return Counts(ops, flop_counter.get_total_flops())
+
+
+def fused(counts: Counts, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> Counts:
+    """The same FLOPs as one fused kernel: it reads `inputs` and writes `outputs` once, intermediates stay on chip."""
+    moved = sum(t.numel() * t.element_size() for t in [*inputs, *outputs])
+    return Counts([Op("fused", counts.flops, moved, fresh=sum(t.numel() * t.element_size() for t in outputs))],
+                  counts.matmul_flops)
