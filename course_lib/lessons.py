@@ -51,6 +51,7 @@ class Lesson:
     scales: tuple[Scale, ...] = ()
     targets: tuple[Target, ...] = ()  # what a GPU run of its benchmark rows must reach (scripts/gpu_check.py)
     checks: tuple[str, ...] = ()  # its exercises' checks, names in course_lib.exercises, in the notebook's order
+    figures: tuple[str, ...] = ()  # figures (results.record names) its committed run must keep: the GPU estimator's
 
     @property
     def number(self) -> str:
@@ -70,22 +71,28 @@ def _bench(steps_smoke: int, batch_smoke: int, steps_cpu: int, batch_cpu: int, s
             Scale("full", GPU, bench_steps=steps_gpu, batch_size=batch_gpu))
 
 
+#: lesson 02's epoch rows (each a median with its spread) and the Trainer's cost per step over the plain loop
+TRAINER_ROWS = ("ImageClassifierModule", "LitLeNet", "LitLeNet, barebones")
+TRAINER_ROWS_EPOCHS = tuple(f"{row} epoch" for row in ("plain loop", *TRAINER_ROWS))
+TRAINER_ROWS_OVERHEAD = tuple(f"{row} overhead per step" for row in TRAINER_ROWS)
+
 # On a CPU, full sizes aim at about 10 minutes a lesson on 2 cores (a slow CPU takes longer: docs/results/
 # cpu-2core.md); on a GPU, full is the real thing. budget_s: the native-bf16 reference run's times x 1.5, 1,745 s in
 # all (config.COURSE_BUDGET_S keeps the rest for fixed costs). reference_s: make course at full size on two 2-core
 # AMD EPYCs, one per answer to 'native bf16?' (config.REFERENCE_GFLOPS; docs/results/cpu-2core.md names the runs).
 LESSONS = (
-    Lesson("00_setup", "your hardware, where data goes, run size, Colab", budget_s=40, reference_s=(26, 33)),
+    Lesson("00_setup", "your hardware, where data goes, run size, Colab", budget_s=40, reference_s=(26, 33),
+           figures=("fp32 matmul",)),
     Lesson("01_pytorch_baseline", "the classic CIFAR-10 CNN in plain PyTorch: its bugs fixed, measured",
            budget_s=105, reference_s=(70, 194), checks=("check_01_batching",)),
     Lesson("02_lightning", "the same model as LightningModule + DataModule + Trainer, torchmetrics, checkpoints, "
            "overhead measured (barebones, ThroughputMonitor)", budget_s=140, reference_s=(94, 282),
-           checks=("check_02_trainer",)),
+           checks=("check_02_trainer",), figures=(*TRAINER_ROWS_EPOCHS, *TRAINER_ROWS_OVERHEAD)),
     Lesson("03_gpu_and_data", "device placement, host-to-device copies, pinned memory; the JPEG pipeline profiled "
            "and fixed rung by rung; workers, GPU-resident data, batch size", budget_s=285, reference_s=(191, 506),
            scales=(Scale("full", CPU, bench_steps=50),),  # 6 rounds of 50 steps: 3 rounds of 100's time
            targets=(Target("small CNN, GPU-resident data", "small CNN, DataLoader 8 workers", 1.5),),
-           checks=("check_03_data_wait",)),
+           checks=("check_03_data_wait",), figures=("JPEG + PIL + v2, num_workers=0 images/s",)),
     Lesson("04_mixed_precision", "number formats, fp16 + GradScaler, bf16, TF32", budget_s=145, reference_s=(97, 517),
            scales=(Scale("smoke", CPU, width=0.25),  # ResNet-9 at 16 channels
                    # smoke checks the code: emulated bf16 gets an eighth of the images and half the timed steps
@@ -98,13 +105,14 @@ LESSONS = (
     Lesson("05_compile_and_tuning", "torch.compile as fusion, channels_last, cudnn.benchmark, host syncs, CUDA "
            "graphs, profilers, the Tuner", budget_s=100, reference_s=(67, 176),
            targets=(Target("ResNet-9 bf16 + compile + channels_last", "ResNet-9 bf16-mixed", 1.3),),
-           checks=("check_05_fusion",)),
+           checks=("check_05_fusion",),
+           figures=("compile time, GELU function", "compile time, simple_cnn training step")),
     Lesson("06_ddp", "data vs model parallel, DDP mechanics, ddp_notebook, torchrun and multi-node "
            "([commands](docs/multi_gpu.md))", budget_s=310, reference_s=(206, 273), checks=("check_06_allreduce",)),
     Lesson("07_quantization", "PT2E int8 via torchao, QAT, pruning", budget_s=150, reference_s=(99, 227),
            scales=(Scale("smoke", CPU, width=0.25), Scale("smoke", GPU, width=0.25),  # ResNet-9 at 16 channels
                    Scale("full", CPU, train_subset=4_096, eval_subset=2_000, width=0.25)),
-           checks=("check_07_inference",)),
+           checks=("check_07_inference",), figures=("ResNet9 int8 compile time",)),
     Lesson("08_capstone", "CIFAR-10 to 94 % as fast as possible: airbench-style AirNet, on-device augmentation, a "
            "measured ladder of tricks, seeds, FLOPs and fraction of peak, Lightning beside a plain-PyTorch twin",
            status="ready (GPU figures not yet measured)", budget_s=470, reference_s=(314, 1118),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import config, hardware
@@ -81,11 +82,29 @@ def figures_file(lesson: str) -> Path:
     return config.build_dir() / "results" / f"{file_name(lesson)}.json"
 
 
-def record(lesson: str, name: str, value: float, unit: str = "", note: str = "") -> None:
-    """Append one measured figure, with size and hardware, to the lesson's figures file (a re-run replaces it)."""
+@dataclass(frozen=True)
+class Figure:
+    """One measured figure as a lesson records it (record) and a committed run keeps it (runner.LessonRun): its
+    value, unit and note, the spread of its runs where it has one, the size and hardware it comes from."""
+    name: str
+    value: float
+    unit: str = ""
+    note: str = ""
+    size: str = ""
+    hardware: str = ""
+    time: str = ""
+    low: float | None = None  # the slowest and fastest run's figure, where the figure is a median of runs
+    high: float | None = None
+
+
+def record(lesson: str, name: str, value: float, unit: str = "", note: str = "",
+           spread: tuple[float, float] | None = None) -> None:
+    """Append one measured figure, with size and hardware (and spread: its runs' lowest and highest, where it is a
+    median of runs), to the lesson's figures file (a re-run replaces it)."""
     rows = [r for r in load(lesson) if r["name"] != name]  # re-running a cell replaces its figure
-    rows.append({"name": name, "value": float(value), "unit": unit, "note": note, "size": config.run_size().name,
-                 "hardware": hardware.label(), "time": time.strftime("%Y-%m-%d %H:%M:%S")})
+    low, high = (float(v) for v in spread) if spread else (None, None)
+    rows.append(asdict(Figure(name, float(value), unit, note, config.run_size().name, hardware.label(),
+                              time.strftime("%Y-%m-%d %H:%M:%S"), low, high)))
     write_json(figures_file(lesson), rows)
 
 
@@ -110,8 +129,9 @@ def save_rows(rows: list[dict], lesson: str, path: str | Path | None = None) -> 
     path = write_json(path or config.build_dir() / "results" / f"bench-{file_name(lesson)}.json",
                       {"lesson": lesson, "size": config.run_size().name, "hardware": hardware.facts(), "rows": rows})
     for r in rows:
+        spread = (r["images_per_s_min"], r["images_per_s_max"]) if "images_per_s_min" in r else None
         record(lesson, f"{r['name']} images/s", r["images_per_s"], "images/s",
-               f"batch {r['batch_size']}, {r['precision']}, median step {step_text(r['step_ms'])}")
+               f"batch {r['batch_size']}, {r['precision']}, median step {step_text(r['step_ms'])}", spread)
     return path
 
 

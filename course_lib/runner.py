@@ -69,6 +69,14 @@ class LessonRun:
     size: str
     hardware: str
     time: str
+    figures: tuple[results.Figure, ...] = ()  # what the lesson recorded (results.record): its spec's figures at least
+
+    def figure(self, name: str) -> results.Figure:
+        """The recorded figure `name`; an error naming the lesson and the re-run where it is missing."""
+        found = next((f for f in self.figures if f.name == name), None)
+        if found is None:
+            raise ValueError(f"{self.lesson}'s committed run recorded no figure {name!r}: re-run it (make lessons).")
+        return found
 
 
 TIMES_FILE = "lesson-times.json"  # in docs/results/: the committed runs' LessonRun records, one per lesson
@@ -82,7 +90,8 @@ def times_file() -> Path:
 
 def committed_runs() -> dict[str, LessonRun]:
     """{lesson: its committed full-size run} (times_file)."""
-    return {r["lesson"]: LessonRun(**r) for r in results.read_json(times_file(), [])}
+    return {r["lesson"]: LessonRun(**{**r, "figures": tuple(results.Figure(**f) for f in r.get("figures", []))})
+            for r in results.read_json(times_file(), [])}
 
 
 def lesson_table(runs: dict[str, LessonRun]) -> list[str]:
@@ -95,9 +104,11 @@ def lesson_table(runs: dict[str, LessonRun]) -> list[str]:
 
 
 def commit_runs(rows: list[dict], size: str, machine: str) -> None:
-    """After `--inplace` at full size on a CPU: the passing lessons' runs into times_file and the README's table."""
+    """After `--inplace` at full size on a CPU: the passing lessons' runs, with the figures they recorded, into
+    times_file (what the GPU estimator reads: no regex on printed text) and the README's table."""
     runs = committed_runs()
-    runs.update({r["lesson"]: LessonRun(r["lesson"], round(r["seconds"]), size, machine, time.strftime("%Y-%m-%d"))
+    runs.update({r["lesson"]: LessonRun(r["lesson"], round(r["seconds"]), size, machine, time.strftime("%Y-%m-%d"),
+                                        tuple(results.Figure(**f) for f in r.get("figures", [])))
                  for r in rows if r["ok"] and r["lesson"] in lessons.BY_NAME})
     results.write_json(times_file(), [asdict(runs[name]) for name in lessons.names() if name in runs])
     results.replace_block(times_file().parents[2] / "README.md", README_BLOCK, lesson_table(runs))

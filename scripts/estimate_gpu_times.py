@@ -13,9 +13,7 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
-import json
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +44,7 @@ GPUS = {
 UTILISATION = (0.40, 0.10)  # fraction of the dense peak a small CIFAR CNN's kernels reach (assumed)
 LAUNCH_US = (5.0, 20.0)  # host cost of one eager aten op: dispatch + kernel launch, microseconds (assumed)
 CUDA_INIT_S = (1.0, 5.0)  # CUDA context and cuDNN/cuBLAS handles, once per kernel (assumed)
-START_LO_S = 3.0  # imports and data load at best (assumed); the slow end is lesson 00's CPU wall time (README)
+START_LO_S = 3.0  # imports and data load at best (assumed); the slow end is lesson 00's committed CPU wall time
 COMPILE_FACTOR = (1.0, 3.0)  # Inductor's GPU (Triton) compile / the CPU run's cold compile (assumed)
 HOST_UTIL = (1.0, 0.25)  # host CNN work at this fraction of lesson 00's CPU fp32 matmul rate (assumed)
 HOST_FACTOR = (1.0, 2.0)  # host-bound work on the GPU machine's CPU / on the committed run's CPU (assumed)
@@ -64,49 +62,38 @@ class Item:
     h2d_bytes: float = 0.0
 
 
-# --- reading the committed CPU run (notebook outputs and docs/results/lesson-times.json) ---------------------
-def _outputs(lesson: str) -> str:
-    """All stream text a committed notebook printed."""
-    nb = json.loads((ROOT / "notebooks" / f"{lesson}.ipynb").read_text())
-    return "\n".join("".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code"
-                     for o in c.get("outputs", []))
-
-
-def _find(lesson: str, pattern: str) -> list[tuple[str, ...]]:
-    """Every match of pattern in a committed notebook's outputs; an error naming the cell text if none."""
-    found = re.findall(pattern, _outputs(lesson))
-    if not found:
-        raise ValueError(f"{lesson}'s committed outputs have no line matching {pattern!r}: re-run the lesson "
-                         f"(make lessons) or update this script to the lesson's new wording.")
-    return found
-
-
-def cpu_wall_s(lesson: str) -> float:
-    """A lesson's committed full-size CPU wall time in seconds (runner.committed_runs: docs/results/lesson-times.json,
-    which the README's lesson table shows)."""
+# --- reading the committed CPU run: docs/results/lesson-times.json (runner.LessonRun records, with their figures) ---
+def committed_run(lesson: str) -> runner.LessonRun:
+    """A lesson's committed full-size CPU run (runner.committed_runs: docs/results/lesson-times.json, which the
+    README's lesson table shows)."""
     runs = runner.committed_runs()
     if lesson not in runs:
         raise ValueError(f"{runner.times_file()} has no run of {lesson}: run it with the runner's --inplace.")
-    return runs[lesson].seconds
+    return runs[lesson]
+
+
+def cpu_wall_s(lesson: str) -> float:
+    """A lesson's committed full-size CPU wall time in seconds."""
+    return committed_run(lesson).seconds
 
 
 @functools.lru_cache(maxsize=None)
 def committed() -> dict:
-    """The CPU run's figures this estimate uses, each from a committed notebook's outputs."""
-    lightning = [float(m) for m in _find("02_lightning", r"(?:ImageClassifierModule|LitLeNet|barebones): .*?"
-                                                         r"([+-]\d+\.\d+) ms per step")]
-    epoch_line = r": +(\d+\.\d+) s per epoch \((\d+\.\d+)-(\d+\.\d+)"  # lesson 02, section 5: median (min-max s, n)
-    epochs = [tuple(map(float, m)) for m in _find("02_lightning", epoch_line)]
-    jpeg = _find("03_gpu_and_data", r"JPEG \+ PIL \+ v2, num_workers=0: +([\d,]+) images/s \(([\d,]+)-([\d,]+)")[0]
+    """The CPU run's figures this estimate uses, each a typed record of a committed run (no text is parsed), each
+    named in its lesson's spec (lessons.Lesson.figures)."""
+    f02, f05 = committed_run("02_lightning").figure, committed_run("05_compile_and_tuning").figure
+    lightning = [f02(name).value for name in lessons.TRAINER_ROWS_OVERHEAD]
+    epochs = [f02(name) for name in lessons.TRAINER_ROWS_EPOCHS]  # lesson 02, section 5: median (low-high s, n)
+    jpeg = committed_run("03_gpu_and_data").figure("JPEG + PIL + v2, num_workers=0 images/s")
     return {
-        "host_gflops": float(_find("00_setup", r"fp32 2048x2048 matmul on cpu: ([\d,]+) GFLOP/s")[0].replace(",", "")),
+        "host_gflops": committed_run("00_setup").figure("fp32 matmul").value,
         # Trainer loop cost per step over a plain loop; a row below the plain loop's (a noisy round) counts as none
         "lightning_ms": (max(0.0, min(lightning)), max(lightning)),
-        "02_cpu_epochs_s": (sum(e[1] for e in epochs), sum(e[2] for e in epochs)),  # one round, min and max
-        "jpeg_images_s": tuple(float(v.replace(",", "")) for v in jpeg),  # median, min, max
-        "gelu_compile_s": float(_find("05_compile_and_tuning", r"cold cache\): (\d+\.\d+) s")[0]),
-        "cnn_compile_s": float(_find("05_compile_and_tuning", r"compiling cost (\d+\.\d+) s of warm-up")[0]),
-        "07_cpu_compile_s": float(_find("07_quantization", r"compiled in (\d+) s;")[0]),
+        "02_cpu_epochs_s": (sum(e.low for e in epochs), sum(e.high for e in epochs)),  # one round, min and max
+        "jpeg_images_s": (jpeg.value, jpeg.low, jpeg.high),  # median, min, max
+        "gelu_compile_s": f05("compile time, GELU function").value,
+        "cnn_compile_s": f05("compile time, simple_cnn training step").value,
+        "07_cpu_compile_s": committed_run("07_quantization").figure("ResNet9 int8 compile time").value,
     }
 
 
@@ -420,8 +407,9 @@ def report(result: dict) -> str:
         "- the estimate's fast end uses the optimistic end of every assumption, its slow end the pessimistic one.",
         "",
         "\"section N\" below is the notebook's heading \"## N.\" (cell numbers shift when a lesson changes). The",
-        "script reads its fixed costs from the committed notebook outputs and the README's CPU column, so rerun it",
-        "with `--write` after `make lessons`; `tests/test_gpu_estimates.py` fails when the README's estimate table",
+        "script reads its fixed costs from the committed runs' figures (`docs/results/lesson-times.json`, which",
+        "`make lessons` writes; each lesson's spec in `course_lib/lessons.py` names the figures), so rerun it with",
+        "`--write` after `make lessons`; `tests/test_gpu_estimates.py` fails when the README's estimate table",
         "differs from its output.",
         "",
         "Peaks (dense, `flops.GPU_PEAKS`), each at the course's precision policy (`hardware.choose_precision`):",
@@ -443,7 +431,7 @@ def report(result: dict) -> str:
         "at small batches (LeNet, batch 4-64) are bound by this, not by FLOPs.",
         f"- CUDA context and library handles: {CUDA_INIT_S[0]:g}-{CUDA_INIT_S[1]:g} s per lesson.",
         f"- Start-up (imports, data load): {START_LO_S:g} s to lesson 00's whole CPU wall time "
-        f"({cpu_wall_s('00_setup'):g} s, README), an upper bound.",
+        f"({cpu_wall_s('00_setup'):g} s, its committed run), an upper bound.",
         f"- torch.compile on the GPU (Triton): {COMPILE_FACTOR[0]:g}-{COMPILE_FACTOR[1]:g}x the CPU run's cold "
         "compile of the same function.",
         f"- Host-bound work (JPEG decode, CPU-only cells) on the GPU machine's CPU: {HOST_FACTOR[0]:g}-"
@@ -468,7 +456,7 @@ def report(result: dict) -> str:
         f"- Cold compiles: GELU {c['gelu_compile_s']:g} s, SimpleCNN training step {c['cnn_compile_s']:g} s "
         f"(lesson 05); int8 compile_for_cpu {c['07_cpu_compile_s']:g} s (lesson 07, at its CPU width).",
         f"- Host fp32 matmul: {c['host_gflops']:,.0f} GFLOP/s (lesson 00); lesson 06's CPU wall time "
-        f"{cpu_wall_s('06_ddp'):g} s (README).",
+        f"{cpu_wall_s('06_ddp'):g} s (its committed run).",
         "",
         "## Per lesson",
         "",

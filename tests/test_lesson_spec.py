@@ -83,3 +83,13 @@ def test_commit_runs_rewrites_times_and_table(tmp_path, monkeypatch):
     assert list(runs) == ["00_setup"] and runs["00_setup"].seconds == 41 and runs["00_setup"].hardware == "CPU X"
     table = results.read_block(tmp_path / "README.md", runner.README_BLOCK)
     assert "| 41 s |" in table[2] and "not run yet" in table[3]
+
+
+def test_committed_runs_keep_the_figures_their_specs_name():
+    """The GPU estimator reads these typed figures (never a notebook's printed text): each spec's figures are in its
+    committed run, with a spread where the estimator uses one."""
+    runs = runner.committed_runs()
+    for spec in lessons.LESSONS:
+        for name in spec.figures:
+            assert runs[spec.name].figure(name).value is not None, (spec.name, name)
+    assert all(runs["02_lightning"].figure(name).low is not None for name in lessons.TRAINER_ROWS_EPOCHS)
