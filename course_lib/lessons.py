@@ -82,7 +82,7 @@ TRAINER_ROWS_OVERHEAD = tuple(f"{row} overhead per step" for row in TRAINER_ROWS
 # AMD EPYCs, one per answer to 'native bf16?' (config.REFERENCE_GFLOPS; docs/results/cpu-2core.md names the runs).
 LESSONS = (
     Lesson("00_setup", "your hardware, where data goes, run size, Colab", budget_s=40, reference_s=(26, 33),
-           figures=("fp32 matmul",)),
+           checks=("check_00_prediction",), figures=("fp32 matmul",)),
     Lesson("01_pytorch_baseline", "the classic CIFAR-10 CNN in plain PyTorch: its bugs fixed, measured",
            budget_s=105, reference_s=(70, 194), checks=("check_01_batching",)),
     Lesson("02_lightning", "the same model as LightningModule + DataModule + Trainer, torchmetrics, checkpoints, "
