@@ -32,6 +32,8 @@ EXERCISES = {
     "07": (exercises.check_07_inference, 2, "quantize"),
     "08": (exercises.check_08_batch_augment, 2, "augment"),
 }
+#: the prediction each lesson's exercise asks for first, passed after the check's inputs (the solution's, the starter's)
+PREDICTORS = {"01": "predict_speedup", "04": "predict_time_ratio", "05": "predict_speedup", "07": "predict_speedup"}
 
 
 def graded(lesson: str, fn, inputs: tuple, *, time_failing: bool) -> tuple[bool | None, list[dict], str]:
@@ -61,10 +63,14 @@ def row(lesson: str, size: str) -> tuple[str, float | None]:
     """One markdown table row for `lesson`, and the solution's margin (None where it was not timed)."""
     _, number, name = EXERCISES[lesson]
     inputs = inference.inputs_07() if lesson == "07" else ()
+    told = PREDICTORS.get(lesson)
+    mine = exercises.solution(lesson)
+    inputs_starter = (*inputs, exercises.starter(lesson, number)[told]) if told else inputs
+    inputs = (*inputs, mine[told]) if told else inputs
     with timing.Stopwatch() as both:  # the starter's check and the solution's (each check times on its device itself)
-        _, starter_grades, starter_out = graded(lesson, exercises.starter(lesson, number)[name], inputs,
+        _, starter_grades, starter_out = graded(lesson, exercises.starter(lesson, number)[name], inputs_starter,
                                                 time_failing=True)
-        passed, grades, out = graded(lesson, exercises.solution(lesson)[name], inputs, time_failing=False)
+        passed, grades, out = graded(lesson, mine[name], inputs, time_failing=False)
     if not grades:  # the solution failed its mechanism or raised: say why, from its own output
         last = [line for line in out.strip().splitlines() if line.strip()][-1:] or ["no output"]
         return f"| {lesson} | | {ratio_text(starter_grades)} | not timed | | FAIL: {last[0][:80]} | | {size} | |", None

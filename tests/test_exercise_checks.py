@@ -236,6 +236,27 @@ def test_07_starter_and_shortcuts_fail():
         assert exercises.check_07_inference(quantize, net, calib, held, measure=False) is False
 
 
+def test_prediction_07_graded_against_an_injected_speed_up(capsys):
+    """No clock, no compile: the solution's prediction from the roofs (products at each format's rate) passes against
+    a measured speed-up 1.4x below it (the committed EPYC run: roofs 3.50x, measured 2.48x); the starter's None, the
+    fp32-only roof (no gain) and a prediction without the Linear's fp32 share far off do not."""
+    from course_lib import ceilings
+    from course_lib.models import ResNet9
+
+    ceil = fake_ceil(1.1)
+    ceil.rows["matmul int8"] = ceilings.Ceiling("matmul int8", "compute", (4e11, 4.4e11))
+    net, x = ResNet9(width=8).eval(), torch.randn(64, 3, 32, 32)
+    mine = solution("07")["predict_speedup"]
+    roofs = mine(ceil, net, x)
+    assert 3.5 < roofs < 4.0  # the convolutions at 4x the rate, the small Linear at 1x
+    assert inference.prediction_07(mine, ceil, net, x, measured=roofs / 1.4) is True
+    assert inference.prediction_07(starter("07", 2)["predict_speedup"], ceil, net, x, measured=2.5) is False
+    assert "write your predicted speed-up" in capsys.readouterr().out
+    assert inference.prediction_07(None, ceil, net, x, measured=2.5) is False
+    assert inference.prediction_07(lambda c, m, x: 1.0, ceil, net, x, measured=roofs / 1.4) is False  # fp32's roof
+    assert inference.prediction_07(lambda c, m, x: 40.0, ceil, net, x, measured=roofs / 1.4) is False  # wild
+
+
 def pasted_cell_16(model, calibration):
     """Lesson 07's cell 16 pasted: the PT2E steps with the lesson's quantizer, which quantize the Linear too."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e

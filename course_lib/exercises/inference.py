@@ -9,14 +9,16 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .. import compress, hardware, runs
+from .. import ceilings, compress, hardware, runs
 from ..models import ResNet9
 from ..timing import time_calls
-from .core import Grading, forbidden
+from .core import Grading, forbidden, grade_prediction, prediction_tolerance
 
 #: lesson 07's bar over compiled fp32: where the CPU has one-instruction int8 dot products (VNNI, AMX) int8 must win
 #: clearly; without them (AVX2 only) the int8 kernels emulate the dot products, so the bar asks only for a gain
 INT8_TARGET = {"native": 1.25, "emulated": 1.1}
+#: the ceilings a prediction of int8's speed-up rests on: each format's products, the bytes, the fixed cost per op
+EX07_CEILINGS = ("matmul fp32", "conv fp32", "matmul int8", "memory", "per op")
 EX07_BATCH = 64  # images per call: the lesson's latency batch
 #: course_lib's finished versions, which the exercise asks the learner to write instead
 FINISHED_QUANTIZERS = (compress.quantize_ptq, compress.prepare_qat, compress.convert_qat,
@@ -101,13 +103,22 @@ def int8_target() -> float:
     return INT8_TARGET["native" if hardware.cpu_int8_native() else "emulated"]
 
 
-def check_07_inference(quantize: Callable, model, calibration: list, held_out, *, target: float | None = None,
-                       min_agreement: float = 0.9, batches: int = 8, measure: bool = True,
-                       grading: Grading | None = None) -> bool:
+def prediction_07(predict_speedup: Callable | None, ceil, model, x64, measured: float) -> bool:
+    """The learner's predict_speedup(ceil, model, x) (fp32's latency over int8's, written first from the ceilings)
+    against the measured ratio, within core.prediction_tolerance over EX07_CEILINGS (no clock: tests inject it)."""
+    predicted = predict_speedup(ceil, model, x64) if predict_speedup else None
+    return grade_prediction("Exercise 2", predicted, measured, prediction_tolerance(ceil, EX07_CEILINGS))
+
+
+def check_07_inference(quantize: Callable, model, calibration: list, held_out, predict_speedup: Callable | None = None,
+                       *, ceil=None, target: float | None = None, min_agreement: float = 0.9, batches: int = 8,
+                       measure: bool = True, grading: Grading | None = None) -> bool:
     """Lesson 07: quantize(model, calibration) must return the learner's own int8 program (mechanism_07); compiled
     by the check (compress.compile_for_cpu), it must predict the trained fp32 model's class on >= min_agreement of
     up to `batches` held-out batches of real images and answer batch 64 >= `target`x faster than the fp32 model
-    compiled the same way (None: INT8_TARGET for this CPU), so that compiling alone gains nothing."""
+    compiled the same way (None: INT8_TARGET for this CPU), so that compiling alone gains nothing; and
+    predict_speedup(ceil, model, x64), written first, must land within the tolerance of that speed-up
+    (prediction_07; `ceil`: lesson 00's ceilings, loaded when None)."""
     grading = grading or Grading()
     model = model.cpu().eval()
     ok, program = mechanism_07(quantize, model, calibration, grading=grading)
@@ -131,4 +142,6 @@ def check_07_inference(quantize: Callable, model, calibration: list, held_out, *
         target = int8_target()
     fast = grading.ratio_check("Exercise 2", lambda: cost(served), lambda: cost(baseline), target, repeats=3,
                                what="latency at batch 64 against compiled fp32", hardware=hardware.label())
-    return bool(fast and agree >= min_agreement)
+    ceil = ceil or ceilings.load("cpu", verbose=False)
+    told = prediction_07(predict_speedup, ceil, model, x64, grading.grades[-1]["ratio"])
+    return bool(fast and agree >= min_agreement and told)
