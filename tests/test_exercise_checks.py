@@ -236,6 +236,25 @@ def test_07_starter_and_shortcuts_fail():
         assert exercises.check_07_inference(quantize, net, calib, held, measure=False) is False
 
 
+def test_06_prediction_graded_against_injected_rounds(capsys):
+    """No processes, no clock: the solution's latency-and-bytes model of one flat all-reduce against one per tensor
+    passes against rounds near it (2 gloo processes on the EPYC: 196 us per call, 0.99 GB/s) and within the rounds'
+    spread; the starter's None, a bytes-only model (no gain) and the tensor count alone with no bytes fail."""
+    from course_lib.exercises import allreduce
+
+    link, mine = (196e-6, 0.99e9), solution("06")["predict_speedup"]
+    from course_lib import parallel
+    predicted = mine(*link, parallel.deep_mlp(), 2)
+    assert 20 < predicted < 50  # 50 calls' latency against one, the same ~100 kB at the bandwidth
+    base, fast = [0.0110, 0.0100, 0.0120], [0.00055, 0.0005, 0.0006]  # measured ratio 20x, rounds 1.2x apart
+    assert allreduce.prediction_06(mine, link, 2, base, fast) is True
+    assert allreduce.prediction_06(starter("06", 3)["predict_speedup"], link, 2, base, fast) is False
+    assert "write your predicted speed-up" in capsys.readouterr().out
+    assert allreduce.prediction_06(None, link, 2, base, fast) is False
+    assert allreduce.prediction_06(lambda lat, bw, m, w: 1.0, link, 2, base, fast) is False  # bytes alone: no gain
+    assert allreduce.prediction_06(lambda lat, bw, m, w: 200.0, link, 2, base, fast) is False  # wild
+
+
 def test_prediction_07_graded_against_an_injected_speed_up(capsys):
     """No clock, no compile: the solution's prediction from the roofs (products at each format's rate) passes against
     a measured speed-up 1.4x below it (the committed EPYC run: roofs 3.50x, measured 2.48x); the starter's None, the

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .. import config, parallel
-from .core import Grading
+from .. import config, ddpmodel, parallel
+from .core import MODEL_FACTOR, Grading, grade_prediction
 
 EX06_BATCH = 16  # per process, per step
 EX06_MAX_CALL_SHARE = 1 / 4  # the learner's all-reduce calls per step, as a share of one-per-tensor's at most
@@ -24,13 +24,27 @@ def run_06(average_gradients: Callable, steps: int, rounds: int, *, world: int =
                                     steps=steps, batch=batch, model="deep", seed=0, rounds=rounds)
 
 
-def check_06_allreduce(average_gradients: Callable, *, target: float = 3.0, world: int = 2, measure: bool = True,
-                       grading: Grading | None = None) -> bool:
+def prediction_06(predict_speedup: Callable | None, link: tuple[float, float], world: int, base: list[float],
+                  mine: list[float]) -> bool:
+    """The learner's predict_speedup(latency, bandwidth, model, world) (the per-tensor all-reduce time over theirs,
+    written first from the lesson's measured link) against the measured ratio of medians: within MODEL_FACTOR times
+    the widest spread (slowest / fastest round) of the two sides' rounds (no clock: tests inject the rounds)."""
+    predicted = predict_speedup(*link, parallel.deep_mlp(), world) if predict_speedup else None
+    spread = max(max(r) / min(r) for r in (base, mine))
+    measured = sorted(base)[len(base) // 2] / sorted(mine)[len(mine) // 2]
+    return grade_prediction("Exercise 3", predicted, measured, MODEL_FACTOR * spread)
+
+
+def check_06_allreduce(average_gradients: Callable, predict_speedup: Callable | None = None, *,
+                       link: tuple[float, float] | None = None, target: float = 3.0, world: int = 2,
+                       measure: bool = True, grading: Grading | None = None) -> bool:
     """Lesson 06: the learner's average_gradients(model, world) against one all-reduce per parameter tensor, on
     `world` spawned gloo processes training parallel.deep_mlp (50 small tensors). Mechanism (no clock): at most a
     quarter of the baseline's all-reduce calls per step (parallel counts dist.all_reduce in its workers), and
     weights equal to one process's on the full batches. Measurement: >= `target`x less all-reduce time,
-    alternately in the same processes (one run serves both: measure=False runs one round instead of three)."""
+    alternately in the same processes (one run serves both: measure=False runs one round instead of three); then
+    predict_speedup against it (prediction_06), from `link` = (latency s, bandwidth bytes/s), the lesson's measured
+    gloo link (measured here when None)."""
     grading = grading or Grading()
     steps, rounds = max(4, config.run_size("06_ddp").bench_steps), 3 if measure else 1
     res = run_06(average_gradients, steps, rounds, world=world)
@@ -51,6 +65,10 @@ def check_06_allreduce(average_gradients: Callable, *, target: float = 3.0, worl
     ok = grading.mechanism("Exercise 3", problems)
     if not (ok and measure):
         return ok
-    fast = grading.grade("Exercise 3", res["comm_s"]["baseline"], res["comm_s"]["learner"], target,
-                         what="all-reduce time per run", hardware=f"{world} gloo CPU processes")
-    return bool(ok and fast)
+    base, mine = res["comm_s"]["baseline"], res["comm_s"]["learner"]
+    fast = grading.grade("Exercise 3", base, mine, target, what="all-reduce time per run",
+                         hardware=f"{world} gloo CPU processes")
+    if link is None:  # the lesson's measurement: a 4-byte all-reduce (latency) and one of the gradients' size
+        nbytes = 4 * sum(p.numel() for p in parallel.deep_mlp().parameters())
+        link = ddpmodel.link(ddpmodel.measure(world, sizes=(4, nbytes))["allreduce_s"], world, nbytes)
+    return bool(ok and fast and prediction_06(predict_speedup, link, world, base, mine))
