@@ -1,7 +1,8 @@
 """The GPU check for lessons 03-05: first this GPU's ceilings (course_lib.ceilings: matmul per native format, HBM
 bandwidth inside and past L2, elementwise and tanh rates, launch cost eager and compiled, host-to-device copies from
-pinned and pageable memory), saved where the lessons read them; then the lessons' bench configurations on it, in
-about 8 minutes, offline.
+pinned and pageable memory), saved where the lessons read them; the lessons' step model against them (ResNet-9's
+step per native format, its convolutions at their floors); then the lessons' bench configurations, in about 8
+minutes, offline.
 
     python scripts/gpu_check.py --make-subset data/carry/cifar10-15k.pt   # here: a compact real-data file (46 MB)
     python scripts/gpu_check.py --data data/carry/cifar10-15k.pt          # on the GPU machine
@@ -19,10 +20,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout: no install needed (GPU machine)
 
-from course_lib import bench, ceilings, config, hardware, lessons, results, runs, verdict
+from course_lib import bench, ceilings, config, hardware, lessons, results, roofline, runs, timing, verdict
+from course_lib.models import ResNet9
 from course_lib.modules import ImageClassifierModule
 from course_lib.sources import ImageFolderSource, load_image_folder, open_source
 
+SECONDS = {"smoke": 0.2, "full": 1.0}  # timed seconds per step-model row
 TARGETS = [(lesson.number, t.config, t.baseline, t.speedup) for lesson in lessons.LESSONS for t in lesson.targets]
 # (lesson, config, baseline, required speedup): the issue's targets for an H100/H200-class GPU, from the lesson specs
 
@@ -96,6 +99,29 @@ def configs(batch: int) -> list[dict]:
     ]
 
 
+def step_model_lines(ceil: ceilings.Ceilings, batch: int, width: int = 64) -> list[str]:
+    """The lessons' step model against these ceilings: ResNet-9's forward and backward at `batch` in every native
+    format fp32, bf16 and fp16 (autocast), each counted with its kernels' floors at these shapes (roofline.count) and
+    timed (timing.time_calls, synchronized on a GPU): roofline.explain's line per format."""
+    net = ResNet9(width=width).to(ceil.device)
+    x = torch.randn(batch, 3, 32, 32, device=ceil.device)
+    y = torch.randint(0, 10, (batch,), device=ceil.device)
+    lines = []
+    for fmt in (f for f in ceil.formats() if f in ("fp32", "bf16", "fp16")):
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(fmt)
+
+        def step(dtype=dtype):  # forward under the format's autocast, then backward: what the model counts
+            with torch.autocast(ceil.device, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+                loss = torch.nn.functional.cross_entropy(net(x), y)
+            loss.backward()
+        step()  # warm: kernels chosen, gradients allocated
+        counts = roofline.count(step, floors=True)
+        seconds = timing.time_calls(step, min_run_time=SECONDS[ceil.size])
+        name = f"ResNet-9 width {width}, batch {batch}, {fmt}"
+        lines.append(f"- {roofline.explain(name, counts, ceil, seconds, fmt)}")
+    return lines
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="image folder or .pt file from --make-subset (default: COURSE_DATA)")
@@ -117,7 +143,8 @@ def main() -> int:
         kept = f"saved to {ceilings.save(ceil)}" if hardware.gpu_count() else "dry run: the CPU's ceilings, not saved"
     except ceilings.NoisyCeilings as err:  # a busy machine: reported, not saved
         kept = str(err)
-    ceiling_lines = ["## Ceilings", "", *(f"- {line.strip()}" for line in ceil.lines()), "", kept, ""]
+    ceiling_lines = ["## Ceilings", "", *(f"- {line.strip()}" for line in ceil.lines()), "", kept, "",
+                     "## The step model against them", "", *step_model_lines(ceil, args.batch), ""]
     runnable, skipped = [], []
     for cfg in configs(args.batch):  # a precision this hardware lacks is skipped with the policy's reason
         try:

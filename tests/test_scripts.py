@@ -100,3 +100,23 @@ def test_make_subset_from_a_tensor_file_names_the_remedy(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="Carry that file as it is"):
         gpu_check.make_subset(tmp_path / "out.pt", 10)
     assert not (tmp_path / "out.pt").exists()
+
+
+def test_gpu_check_runs_the_step_model_against_its_ceilings(monkeypatch):
+    """gpu_check's step-model section on a CPU (the code path a GPU runs, device cpu, injected ceilings and times):
+    one explain line per native format among fp32, bf16 and fp16, each naming the prediction and the measured time."""
+    from course_lib import ceilings, opcount, timing
+
+    monkeypatch.setattr(timing, "time_calls", lambda fn, **kw: [1e-3] * 4)  # no clock: every call 1 ms
+    monkeypatch.setattr(opcount, "_floors", {})
+
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    ceil = ceilings.Ceilings("test machine", "cpu", "smoke", 1, "t", {
+        "matmul fp32": ceilings.summarise("matmul fp32", "compute", 1e11, [1.0]),
+        "memory": ceilings.summarise("memory", "memory", 1e10, [1.0]),
+        "per op": ceilings.summarise("per op", "overhead", 1, [3e-6])})
+    lines = gpu_check.step_model_lines(ceil, batch=2, width=4)
+    assert len(lines) == 1 and lines[0].startswith("- ResNet-9 width 4, batch 2, fp32:")
+    assert "the model predicts" in lines[0] and "measured 1.00 ms" in lines[0]
