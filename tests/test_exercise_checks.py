@@ -314,3 +314,16 @@ def test_08_starter_and_shortcuts_fail():
 
 def test_08_solution_passes_the_mechanism():
     assert exercises.check_08_batch_augment(solution("08")["augment"], measure=False) is True
+
+
+def test_08_warm_up_asks_for_steps_at_a_batch_the_lesson_does_not_print(capsys):
+    """Lesson 08's warm-up 1 at twice the run's batch (cell 32 prints the steps at the run's own batch)."""
+    from types import SimpleNamespace
+
+    from course_lib.exercises import warmups
+
+    dm = SimpleNamespace(train_set=torch.utils.data.TensorDataset(torch.zeros(1000, 1)))
+    assert warmups.steps_at_batch("Exercise 1", 1, dm, batch=512) is True  # 1000 // 512, the partial batch dropped
+    with pytest.raises(AssertionError):
+        warmups.steps_at_batch("Exercise 1", 4, dm, batch=256)  # 1000 // 256 = 3 full batches
+    assert warmups.steps_at_batch("Exercise 1", None, dm, batch=512) is None

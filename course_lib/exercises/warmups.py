@@ -40,6 +40,11 @@ def steps_per_epoch(name: str, answer, dm):
     return _ask(name, answer, lambda: len(dm.train_dataloader()), 0)
 
 
+def steps_at_batch(name: str, answer, dm, batch: int):
+    """Optimiser steps in one epoch of dm's training set at another `batch`, the last partial batch dropped."""
+    return _ask(name, answer, lambda: len(DataLoader(dm.train_set, batch_size=batch, drop_last=True)), 0)
+
+
 def matmul_seconds(name: str, answer, device: str, n: int = 4096):
     """Seconds of one fp32 n x n matmul on `device`, measured now (median over timing.time_calls' blocks); within
     50 %."""
