@@ -134,6 +134,21 @@ def test_05_solution_measured():
     assert [g["passed"] for g in grading.grades] == [True]
 
 
+def pasted_all_reduce_gradients(model, world):
+    """Lesson 06's cell 18 pasted (all_reduce_gradients): one all-reduce per parameter tensor, as the starter."""
+    import torch.distributed as dist
+
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= world
+
+
+def test_06_pasting_the_lessons_all_reduce_cell_fails_the_mechanism(capsys):
+    """Spawned gloo processes, one round, no clock graded: 50 calls per step against a bar of a quarter of them."""
+    assert exercises.check_06_allreduce(pasted_all_reduce_gradients, measure=False) is False
+    assert "pack the gradients into one flat buffer" in capsys.readouterr().out
+
+
 def test_06_solution_measured():
     grading = Grading()
     exercises.check_06_allreduce(solution("06_ddp")["average_gradients"], solution("06_ddp")["predict_speedup"],
