@@ -310,13 +310,27 @@ def test_08_starter_and_shortcuts_fail():
     assert exercises.check_08_batch_augment(kernel, measure=False) is False
     no_flip = lambda x, s, f, p: data.to_float(x)  # noqa: E731  (fast, wrong)
     assert exercises.check_08_batch_augment(no_flip, measure=False) is False
+    assert exercises.check_08_batch_augment(pasted_cell_30, measure=False) is False  # the lesson's my_batches
+
+
+def pasted_cell_30(x, shifts, flips, pad=2):
+    """Lesson 08's cell 30 (my_batches) pasted as augment: a batch pad and mirror, but each window cut per image."""
+    import torch.nn.functional as F
+
+    from course_lib import data
+
+    mean, std = (torch.tensor(v).view(-1, 1, 1) * 255 for v in (data.CIFAR10_MEAN, data.CIFAR10_STD))
+    z = F.pad(x.float(), (pad,) * 4, mode="reflect")  # (B, 3, 36, 36)
+    z = torch.stack([img[:, a:a + 32, b:b + 32] for img, a, b in zip(z, shifts[0].tolist(), shifts[1].tolist())])
+    z = torch.where(flips[:, None, None, None], z.flip(3), z)
+    return (z - mean) / std
 
 
 def test_08_solution_passes_the_mechanism():
     assert exercises.check_08_batch_augment(solution("08")["augment"], measure=False) is True
 
 
-def test_08_warm_up_asks_for_steps_at_a_batch_the_lesson_does_not_print(capsys):
+def test_warm_up_08_asks_for_steps_at_a_batch_the_lesson_does_not_print(capsys):
     """Lesson 08's warm-up 1 at twice the run's batch (cell 32 prints the steps at the run's own batch)."""
     from types import SimpleNamespace
 
