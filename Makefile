@@ -116,7 +116,7 @@ lessons: $(STAMP)
 ## The course as a website in build/site/: the committed notebooks with their outputs (nothing executed), the landing
 ## page from this README, the results pages; offline, warnings as errors. tests/test_site.py runs the same script.
 site: $(STAMP)
-	$(BIN)/python scripts/build_site.py
+	$(BIN)/python -m scripts.build_site
 
 ## Open the lessons in JupyterLab.
 lab: $(STAMP)

@@ -147,10 +147,22 @@ def report_path(script: str, gpu: str | None, suffix: str = "") -> Path:
     return root / "docs" / "results" / f"{file_name(gpu)}{suffix}.md"
 
 
+def command_line() -> str:
+    """The command that started this process as a reader would retype it: `python -m scripts.NAME args` for a module
+    run with -m (every script), `python path args` otherwise; '(interactive)' without one."""
+    if not sys.argv or not sys.argv[0]:
+        return "(interactive)"
+    main = sys.modules.get("__main__")
+    spec, file = getattr(main, "__spec__", None), getattr(main, "__file__", None)
+    as_module = spec is not None and file is not None and Path(file).resolve() == Path(sys.argv[0]).resolve()
+    head = ["-m", spec.name.removesuffix(".__main__")] if as_module else [sys.argv[0]]
+    return " ".join(["python", *head, *sys.argv[1:]])
+
+
 def write_report(path: str | Path, title: str, lines: list[str], info: dict | None = None) -> Path:
     """A markdown results file: title, the exact command, hardware, the given lines, then every library version."""
     info = info or hardware.facts()
-    command = " ".join(["python", *sys.argv]) if sys.argv and sys.argv[0] else "(interactive)"
+    command = command_line()
     text = [f"# {title}", "", f"Command: `{command}`", "", f"Hardware: {hardware.label(info)}", "", *lines,
             "", "Versions and hardware facts: " + ", ".join(f"{k} {v}" for k, v in info.items())]
     return write_text(path, "\n".join(text) + "\n")

@@ -2,8 +2,8 @@
 write the data files its loader reads, run and time it as its own train() does, and read its printed results.
 
 The package (airbench 0.1.8 by Keller Jordan, MIT licence, about 40 KB of Python) is copied out of its source
-archive into <carry>/airbench/, a folder put on sys.path on the GPU machine: nothing is installed there. Get the
-archive once, where there is a network:
+archive into <carry>/airbench/, imported from there on the GPU machine (load_carried): nothing is installed there.
+Get the archive once, where there is a network:
 
     pip download airbench==0.1.8 --no-deps --no-binary :all: -d build/sdist
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import io
 import math
 import os
@@ -41,15 +42,23 @@ def carry_package(sdist: Path, carry: Path) -> Path:
     return out
 
 
+def load_carried(name: str, path: Path, package: bool = False):
+    """Import the carried file `path` as module `name` (a package's __init__.py with package=True: its submodules
+    then import from its folder), ahead of any installed one, without touching sys.path."""
+    locations = [str(path.parent.resolve())] if package else None
+    spec = importlib.util.spec_from_file_location(name, path.resolve(), submodule_search_locations=locations)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # registered first: the package's own `from airbench import ...` finds it
+    spec.loader.exec_module(module)
+    return module
+
+
 def import_airbench(carry: Path):
     """Import the carried package (carry/airbench) ahead of any installed one; a clear error if it is missing."""
     if not (carry / "airbench" / "lib_airbench94.py").exists():
         raise FileNotFoundError(f"No airbench package in {carry}/airbench: run `gpu_capstone.py --make-data ... "
                                 f"--airbench-sdist airbench-{VERSION}.tar.gz` where the sdist is, and carry {carry}.")
-    sys.path.insert(0, str(carry.resolve()))
-    import airbench
-
-    return airbench
+    return load_carried("airbench", carry / "airbench" / "__init__.py", package=True)
 
 
 def write_data(train_images: torch.Tensor, train_labels: torch.Tensor, test_images: torch.Tensor,
@@ -174,10 +183,7 @@ def import_muon(carry: Path):
         raise FileNotFoundError(f"No {MUON_FILE} of commit {MUON_COMMIT[:7]} in {carry}: download it ({MUON_URL}) "
                                 f"and run `gpu_capstone.py --make-data ... --airbench-muon {MUON_FILE}`, then carry "
                                 f"{carry}.")
-    sys.path.insert(0, str(carry.resolve()))
-    import airbench94_muon
-
-    return airbench94_muon
+    return load_carried("airbench94_muon", path)
 
 
 def parse_muon_table(text: str) -> dict:

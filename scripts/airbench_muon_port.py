@@ -19,8 +19,9 @@ import time
 
 import torch
 import torch.nn.functional as F
-from airbench_port import BatchNorm, Conv, ConvGroup, Loader, evaluate
 from torch import nn
+
+from .airbench_port import BatchNorm, Conv, ConvGroup, Loader, evaluate  # the port beside it
 
 HYP = {  # airbench94_muon's settings, as its main() writes them
     "batch_size": 2000, "bias_lr": 0.053, "head_lr": 0.67, "wd_per_image": 2e-6, "sgd_momentum": 0.85,

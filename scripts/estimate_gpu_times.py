@@ -4,8 +4,8 @@ Not a measurement: it counts what each notebook's code does at the GPU run size 
 that cross the host link, eager kernels per step), divides by flops.GPU_PEAKS and the link's bandwidth, and adds
 fixed costs read from the committed CPU run. Every assumption is a named constant below with its reason.
 
-    .venv/bin/python scripts/estimate_gpu_times.py            # print the per-lesson arithmetic
-    .venv/bin/python scripts/estimate_gpu_times.py --write    # rewrite docs/results/gpu-estimates.md and the
+    .venv/bin/python -m scripts.estimate_gpu_times            # print the per-lesson arithmetic
+    .venv/bin/python -m scripts.estimate_gpu_times --write    # rewrite docs/results/gpu-estimates.md and the
                                                               # README's estimate table (its marked block)
 """
 from __future__ import annotations
@@ -391,7 +391,7 @@ def report(result: dict) -> str:
         "No GPU has run the lessons yet. Until a GPU run replaces them, these are **estimates** from counting, made by",
         "`scripts/estimate_gpu_times.py` on the CPU in seconds:",
         "",
-        "    .venv/bin/python scripts/estimate_gpu_times.py --write",
+        "    .venv/bin/python -m scripts.estimate_gpu_times --write",
         "",
         "## Method",
         "",

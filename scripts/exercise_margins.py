@@ -3,7 +3,7 @@ notebook's EXERCISE cell, timed even though its mechanism fails) and once with t
 (notebooks/solutions/NN_topic.py), at the size COURSE_SIZE chooses, on this machine. One table row per lesson: the
 bar, both ratios with their per-round spread, the margin (solution / bar), pass or fail, hardware, size and rounds.
 
-    COURSE_SIZE=smoke .venv/bin/python scripts/exercise_margins.py [--lessons 02 07]
+    COURSE_SIZE=smoke .venv/bin/python -m scripts.exercise_margins [--lessons 02 07]
 
 Each lesson runs in a fresh process, as in its own kernel. A margin below 1.25 (issue 20's floor) is flagged. Run
 it on a quiet machine: another process's load lands in the rounds' spread. Timing here never fails a test; `make
@@ -103,8 +103,8 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for lesson in args.lessons:  # each in a fresh process, as each lesson's check runs in its own kernel: an earlier
         # check's threads, workers and compiled graphs then cannot slow (or warm) a later one
-        done = subprocess.run([sys.executable, __file__, "--row", lesson], capture_output=True, text=True,
-                              env=config.child_env())
+        done = subprocess.run([sys.executable, "-m", "scripts.exercise_margins", "--row", lesson], capture_output=True,
+                              text=True, env=config.child_env())  # child_env: this checkout on PYTHONPATH
         rows = [line for line in done.stdout.splitlines() if line.startswith(f"| {lesson} |")]
         why = (done.stderr.strip().splitlines() or ["no output"])[-1][:120]
         print(rows[-1] if rows else f"| {lesson} | | | | | ERROR: {why} | | {size} | |", flush=True)

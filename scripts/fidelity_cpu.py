@@ -1,13 +1,13 @@
 """Is the course's recipe airbench94? The course's SpeedrunModule (Lightning) against a port of airbench94's own
 training loop (scripts/airbench_port.py) on the same images, epochs, batch and seeds, on a CPU, at a reduced size.
 
-    python scripts/fidelity_cpu.py --impl course --seeds 0 1 2     # one configuration per call, runs one at a time
-    python scripts/fidelity_cpu.py --impl port --seeds 0 1 2
-    python scripts/fidelity_cpu.py --impl course --extras off --seeds 0 1 2   # no label smoothing, bias LR x1,
-    python scripts/fidelity_cpu.py --impl port --extras off --seeds 0 1 2     # no lookahead (both); or one of
-    python scripts/fidelity_cpu.py --impl course --extras no-lookahead        # them: no-smoothing, no-bias-lr
-    python scripts/fidelity_cpu.py --impl port --precision own     # each side's own low precision (point 16)
-    python scripts/fidelity_cpu.py --report                        # docs/results/fidelity-cpu.md from the runs
+    python -m scripts.fidelity_cpu --impl course --seeds 0 1 2     # one configuration per call, runs one at a time
+    python -m scripts.fidelity_cpu --impl port --seeds 0 1 2
+    python -m scripts.fidelity_cpu --impl course --extras off --seeds 0 1 2   # no label smoothing, bias LR x1,
+    python -m scripts.fidelity_cpu --impl port --extras off --seeds 0 1 2     # no lookahead (both); or one of
+    python -m scripts.fidelity_cpu --impl course --extras no-lookahead        # them: no-smoothing, no-bias-lr
+    python -m scripts.fidelity_cpu --impl port --precision own     # each side's own low precision (point 16)
+    python -m scripts.fidelity_cpu --report                        # docs/results/fidelity-cpu.md from the runs
 
 Every run appends one JSON line to build/fidelity/runs.jsonl (accuracy with and without TTA, seconds, settings,
 commit); --report groups them by configuration. Data: the course's seed-0 split of the JPEG folder (COURSE_DATA),
@@ -27,15 +27,12 @@ from pathlib import Path
 
 import torch
 
+from course_lib import config, experiments, hardware, results, speedrun, verdict
+from course_lib.ondevice import SpeedrunDataModule
+from course_lib.timing import DeviceTimer
+from scripts import airbench_port
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # course_lib from this checkout
-sys.path.insert(0, str(ROOT / "scripts"))  # airbench_port beside this file
-
-import airbench_port  # noqa: E402
-
-from course_lib import config, experiments, hardware, results, speedrun, verdict  # noqa: E402
-from course_lib.ondevice import SpeedrunDataModule  # noqa: E402
-from course_lib.timing import DeviceTimer  # noqa: E402
 
 #: --extras: which of airbench's training extras to switch off, as (course, port) keyword arguments
 EXTRAS = {"on": ({}, {}),
@@ -232,7 +229,7 @@ def main() -> int:
 def run_seeds(dm, args, run, settings: dict, *, label: str, **fields) -> None:
     """Train run(dm, args, seed) for each of args.seeds and append one JSON row per seed to args.runs (with
     `fields`, the settings, the data sizes, the commit, the command and the hardware), printing each result."""
-    command = f"python scripts/{Path(sys.argv[0]).name} " + " ".join(sys.argv[1:])
+    command = results.command_line()
     for seed in args.seeds:
         start = time.perf_counter()
         got = run(dm, args, seed)

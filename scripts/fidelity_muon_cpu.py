@@ -3,12 +3,12 @@ port of airbench94_muon's own loop (scripts/airbench_muon_port.py) on the same i
 CPU, at a reduced size, in fp32 (the Newton-Schulz iteration too: muon.iteration_dtype on this CPU, and the port
 told the same).
 
-    python scripts/fidelity_muon_cpu.py --impl course --seeds 0 1 2 3    # one configuration per call
-    python scripts/fidelity_muon_cpu.py --impl course --whiten-bias zero # the course before issue 46's fix
-    python scripts/fidelity_muon_cpu.py --impl port --seeds 0 1 2 3
-    python scripts/fidelity_muon_cpu.py --impl record --seeds 0 1 2 3      # speedrun.RECORD against hiverge's
-    python scripts/fidelity_muon_cpu.py --impl record-port --seeds 0 1 2 3 # loop (scripts/hiverge_port.py)
-    python scripts/fidelity_muon_cpu.py --report                         # docs/results/fidelity-muon-cpu.md
+    python -m scripts.fidelity_muon_cpu --impl course --seeds 0 1 2 3    # one configuration per call
+    python -m scripts.fidelity_muon_cpu --impl course --whiten-bias zero # the course before issue 46's fix
+    python -m scripts.fidelity_muon_cpu --impl port --seeds 0 1 2 3
+    python -m scripts.fidelity_muon_cpu --impl record --seeds 0 1 2 3      # speedrun.RECORD against hiverge's
+    python -m scripts.fidelity_muon_cpu --impl record-port --seeds 0 1 2 3 # loop (scripts/hiverge_port.py)
+    python -m scripts.fidelity_muon_cpu --report                         # docs/results/fidelity-muon-cpu.md
 
 Every run appends one JSON line to build/fidelity/muon-runs.jsonl; --report compares the two implementations with
 the course's rule (verdict.difference: a gap in mean accuracy is named only outside Student's t band of the runs).
@@ -25,17 +25,12 @@ from pathlib import Path
 
 import torch
 
+from course_lib import config, experiments, muon, results, speedrun, verdict
+from course_lib.timing import DeviceTimer
+from scripts import airbench_muon_port, airbench_port, hiverge_port
+from scripts.fidelity_cpu import datamodule, run_seeds
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # course_lib from this checkout
-sys.path.insert(0, str(ROOT / "scripts"))  # the ports beside this file
-
-import airbench_muon_port  # noqa: E402
-import airbench_port  # noqa: E402
-import hiverge_port  # noqa: E402
-from fidelity_cpu import datamodule, run_seeds  # noqa: E402
-
-from course_lib import config, experiments, muon, results, speedrun, verdict  # noqa: E402
-from course_lib.timing import DeviceTimer  # noqa: E402
 
 
 def run_course(dm, args, seed: int) -> dict:

@@ -1,7 +1,7 @@
 """The course's Muon rung against the port of airbench94_muon, seed by seed and stage by stage (issue 46): what each
 side draws for a seed and what it trains from it, at a small size on a CPU, one thread.
 
-    python scripts/fidelity_muon_stages.py --seeds 0 1 --subset 1000 --epochs 4
+    python -m scripts.fidelity_muon_stages --seeds 0 1 --subset 1000 --epochs 4
 
 For each seed, on the same images (fidelity_muon_cpu.py's data):
   1. initial weights: each tensor's mean and std, the course's speedrun.fresh_weights against the port's
@@ -28,16 +28,13 @@ from pathlib import Path
 
 import torch
 
+from course_lib import experiments, muon, speedrun
+from course_lib.data import to_float
+from scripts import airbench_muon_port as port
+from scripts import airbench_port
+from scripts.fidelity_cpu import datamodule
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import airbench_muon_port as port  # noqa: E402
-import airbench_port  # noqa: E402
-from fidelity_cpu import datamodule  # noqa: E402
-
-from course_lib import experiments, muon, speedrun  # noqa: E402
-from course_lib.data import to_float  # noqa: E402
 
 
 def port_name(name: str) -> str:

@@ -3,16 +3,16 @@ twin on the same images and GPU, then lessons 03-05's benchmarks and lesson 06's
 
     # here, with a network and the JPEG folder: the data pack (45 MiB) and the airbench package (40 KB)
     pip download airbench==0.1.8 --no-deps --no-binary :all: -d build/sdist
-    python scripts/gpu_capstone.py --make-data build/carry/cifar10-train-jpeg.pt \\
+    python -m scripts.gpu_capstone --make-data build/carry/cifar10-train-jpeg.pt \\
         --airbench-sdist build/sdist/airbench-0.1.8.tar.gz
     # and airbench94_muon.py (a script, not in the package) at the commit airbench_carry.MUON_URL names
     curl -fLo build/sdist/airbench94_muon.py <airbench_carry.MUON_URL>
-    python scripts/gpu_capstone.py --make-data build/carry/cifar10-train-jpeg.pt \\
+    python -m scripts.gpu_capstone --make-data build/carry/cifar10-train-jpeg.pt \\
         --airbench-sdist build/sdist/airbench-0.1.8.tar.gz --airbench-muon build/sdist/airbench94_muon.py
     # on the GPU machine, build/carry carried, nothing installed (torch, lightning, torchmetrics, torchvision there)
-    python scripts/gpu_capstone.py --data build/carry/cifar10-train-jpeg.pt         # about 9 minutes (--budget)
+    python -m scripts.gpu_capstone --data build/carry/cifar10-train-jpeg.pt         # about 9 minutes (--budget)
     # anywhere without a GPU: the same code on a few hundred images; only airbench's CUDA-only training is left out
-    python scripts/gpu_capstone.py --dry-run --data <JPEG folder or pack>
+    python -m scripts.gpu_capstone --dry-run --data <JPEG folder or pack>
 
 Order, most important first; the results file is rewritten after every run, so a timeout keeps what was done:
   (a) airbench94 from build/carry/airbench: one warm-up, then --seeds runs of train94, each timed by airbench with
@@ -49,17 +49,10 @@ from pathlib import Path
 
 import torch
 
+from course_lib import config, experiments, hardware, models, muon, results, speedrun, timing, verdict
+from scripts import airbench_carry, airbench_muon_port, airbench_port, hiverge_port, lesson_checks
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout: no install needed (GPU machine)
-sys.path.insert(0, str(ROOT / "scripts"))  # airbench_carry and lesson_checks beside this file
-
-import airbench_carry  # noqa: E402
-import airbench_muon_port  # noqa: E402
-import airbench_port  # noqa: E402
-import hiverge_port  # noqa: E402
-import lesson_checks  # noqa: E402
-
-from course_lib import config, experiments, hardware, models, muon, results, speedrun, timing, verdict  # noqa: E402
 from course_lib.ondevice import SpeedrunDataModule  # noqa: E402
 from course_lib.sources import ImageFolderSource, list_image_folder, open_source  # noqa: E402
 

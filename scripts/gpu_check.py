@@ -4,8 +4,8 @@ pinned and pageable memory), saved where the lessons read them; the lessons' ste
 step per native format, its convolutions at their floors); then the lessons' bench configurations, in about 8
 minutes, offline.
 
-    python scripts/gpu_check.py --make-subset data/carry/cifar10-15k.pt   # here: a compact real-data file (46 MB)
-    python scripts/gpu_check.py --data data/carry/cifar10-15k.pt          # on the GPU machine
+    python -m scripts.gpu_check --make-subset data/carry/cifar10-15k.pt   # here: a compact real-data file (46 MB)
+    python -m scripts.gpu_check --data data/carry/cifar10-15k.pt          # on the GPU machine
 
 Writes build/results/gpu_check.json and docs/results/<gpu>.md (table, versions, hardware, the command).
 """
@@ -17,8 +17,6 @@ import time
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout: no install needed (GPU machine)
 
 from course_lib import bench, ceilings, config, hardware, lessons, results, roofline, runs, timing, verdict
 from course_lib.models import ResNet9

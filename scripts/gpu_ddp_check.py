@@ -1,7 +1,7 @@
 """The GPU check for lesson 06: DDP throughput on 1..N GPUs, the torchrun CLI path, and the over-request error.
 
-    python scripts/gpu_ddp_check.py --data data/carry/cifar10-15k.pt   # on a GPU machine (about 1 minute per GPU)
-    python scripts/gpu_ddp_check.py                                    # no GPU: a dry run on 1 and 2 CPU processes
+    python -m scripts.gpu_ddp_check --data data/carry/cifar10-15k.pt   # on a GPU machine (about 1 minute per GPU)
+    python -m scripts.gpu_ddp_check                                    # no GPU: a dry run on 1 and 2 CPU processes
 
 Every measurement runs in fresh processes (`python -m course_lib.scaling`, strategy ddp), as a cluster job would.
 Writes docs/results/<gpu>-ddp.md, or build/gpu_ddp_check-dryrun.md without a GPU (docs/ holds GPU figures only).
@@ -15,11 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout: no install needed (GPU machine)
-
-import gpu_check  # this folder: its warm-up rule
-
 from course_lib import bench, config, hardware, results, scaling, timing
+from scripts import gpu_check  # its warm-up rule
 
 REPO = Path(__file__).resolve().parents[1]
 

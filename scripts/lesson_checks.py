@@ -9,10 +9,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import gpu_check
 import torch
 
 from course_lib import bench, config, hardware, results, scaling
+from scripts import gpu_check
 
 ORDER = ["ResNet-9 fp32", "ResNet-9 bf16-mixed", "ResNet-9 bf16 + compile + channels_last",
          "small CNN, GPU-resident data", "small CNN, DataLoader 8 workers", "lesson 06", "ResNet-9 TF32",

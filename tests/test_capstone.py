@@ -13,10 +13,8 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-import airbench_carry  # noqa: E402
-
 from course_lib import hardware, muon, results  # noqa: E402
+from scripts import airbench_carry  # noqa: E402
 
 #: airbench 0.1.8's own table, printed by its print_training_details (train94, verbose=True)
 AIRBENCH_OUTPUT = """\
@@ -54,12 +52,12 @@ def test_dry_run_writes_every_part_with_parsable_figures(make_folder, cifar_fold
     build = tmp_path / "build"
     env = {**os.environ, "COURSE_BUILD": str(build), "COURSE_DATA_ROOT": str(tmp_path / "data"),
            "PYTHONWARNINGS": "ignore"}
-    res = subprocess.run([sys.executable, "scripts/gpu_capstone.py", "--dry-run", "--data", str(folder)], cwd=REPO,
+    res = subprocess.run([sys.executable, "-m", "scripts.gpu_capstone", "--dry-run", "--data", str(folder)], cwd=REPO,
                          env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     text = (build / "gpu_capstone-dryrun.md").read_text()
     assert "FAILED" not in text, text
-    assert f"Command: `python scripts/gpu_capstone.py --dry-run --data {folder}`" in text
+    assert f"Command: `python -m scripts.gpu_capstone --dry-run --data {folder}`" in text
     assert "Versions and hardware facts:" in text and "lightning 2." in text
     assert "train 256 / test 40 images" in text and "(6 steps)" in text  # 1.5 epochs of 4 full batches
 
@@ -139,7 +137,7 @@ def test_make_data_packs_the_jpegs_and_carries_the_airbench_package(tiny_folder,
             info.size = len(body)
             tar.addfile(info, io.BytesIO(body))
     carry, pack = tmp_path / "carry", tmp_path / "carry" / "pack.pt"
-    res = subprocess.run([sys.executable, "scripts/gpu_capstone.py", "--make-data", str(pack), "--data",
+    res = subprocess.run([sys.executable, "-m", "scripts.gpu_capstone", "--make-data", str(pack), "--data",
                           str(tiny_folder), "--airbench-sdist", str(sdist), "--carry", str(carry)], cwd=REPO,
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -147,9 +145,9 @@ def test_make_data_packs_the_jpegs_and_carries_the_airbench_package(tiny_folder,
     assert len(data["labels"]) == 60 and data["offsets"][-1] == len(data["jpeg"])
     assert sorted(p.name for p in (carry / "airbench").iterdir()) == ["CARRIED.txt", "__init__.py",
                                                                      "lib_airbench94.py"]
-    code = (f"import sys; sys.path.insert(0, {str(REPO / 'scripts')!r}); import airbench_carry; from pathlib import "
+    code = (f"from scripts import airbench_carry; from pathlib import "
             f"Path; print(airbench_carry.import_airbench(Path({str(carry)!r})).train94())")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "stand-in", out.stderr[-2000:]
 
 
@@ -201,8 +199,7 @@ def test_airbench_runs_are_read_from_a_stand_in_package(tmp_path, monkeypatch):
 
 
 def test_lesson_checks_name_existing_gpu_check_configs():
-    import gpu_check
-    import lesson_checks
+    from scripts import gpu_check, lesson_checks
 
     assert set(lesson_checks.ORDER) - {"lesson 06"} >= {c["name"] for c in gpu_check.configs(512)}
     assert {n for _, n, b, _ in gpu_check.TARGETS} | {b for _, _, b, _ in gpu_check.TARGETS} <= set(lesson_checks.ORDER)
@@ -211,8 +208,7 @@ def test_lesson_checks_name_existing_gpu_check_configs():
 def test_gpu_check_on_a_gpu_without_bf16_compiles_in_fp16(monkeypatch):
     """On a T4 (compute capability 7.5, no bf16) the bf16 rows are skipped by the policy, and lesson 05's compile
     still runs, in fp16, so the check says whether torch.compile works there; lesson_checks runs that row too."""
-    import gpu_check
-    import lesson_checks
+    from scripts import gpu_check, lesson_checks
 
     monkeypatch.setattr(hardware, "facts", lambda: {"gpu": "Tesla T4", "compute_capability": "7.5",
                                                     "bf16_native": False})

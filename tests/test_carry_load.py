@@ -3,14 +3,11 @@ even where TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD turns torch's default off."""
 from __future__ import annotations
 
 import pickle
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import airbench_carry  # noqa: E402
+from scripts import airbench_carry
 
 RAN: list[str] = []
 

@@ -2,8 +2,6 @@
 whole training run on the same batches from the same initial weights. docs/results/fidelity-cpu.md compares the
 two statistically, with augmentation and at a larger size."""
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,9 +10,7 @@ from course_lib import optim, speedrun
 from course_lib.data import to_float
 from course_lib.models import AirNet, init_whitening
 from course_lib.speedrun import Recipe
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import airbench_port as ab  # noqa: E402
+from scripts import airbench_port as ab
 
 SMALL = (8, 16, 16)
 
@@ -185,7 +181,7 @@ def test_fidelity_report_groups_by_precision_and_pairs_own_against_fp32(tmp_path
     import argparse
     import json
 
-    import fidelity_cpu as fc
+    from scripts import fidelity_cpu as fc
     base = dict(subset=100, test_subset=None, widths=[8, 16, 16], batch=32, epochs=1.0)
     args = argparse.Namespace(**base, precision="fp32")
     assert fc.settings(args) == base and fc.settings(argparse.Namespace(**base, precision="own"))["precision"] == "own"
@@ -210,7 +206,7 @@ def test_run_seeds_writes_one_row_per_seed(tmp_path, capsys):
     import json
     from types import SimpleNamespace
 
-    import fidelity_cpu as fc
+    from scripts import fidelity_cpu as fc
     args = argparse.Namespace(seeds=[0, 1], runs=tmp_path / "runs.jsonl", impl="port")
     dm = SimpleNamespace(train_set=range(10), test_set=range(4))
     fc.run_seeds(dm, args, lambda d, a, seed: {"acc": 0.5 + seed / 10, "acc_no_tta": 0.4, "time_s": 1.0},

@@ -1,6 +1,5 @@
 """scripts/estimate_gpu_times.py: it runs, its FLOP counts are positive and grow with the run size, and the README's
 T4/H100 estimate columns are exactly what it computes (so the two cannot drift apart)."""
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -15,11 +14,9 @@ SCRIPT = REPO / "scripts" / "estimate_gpu_times.py"
 @pytest.fixture(scope="module")
 def est():
     """The script, imported as a module."""
-    spec = importlib.util.spec_from_file_location("estimate_gpu_times", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    from scripts import estimate_gpu_times
+
+    return estimate_gpu_times
 
 
 @pytest.fixture(scope="module")

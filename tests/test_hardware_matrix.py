@@ -7,7 +7,6 @@ does not follow the class."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,9 +15,7 @@ import torch
 from course_lib import ceilings, compress, config, flops, hardware, machines, muon
 from course_lib.errors import CourseError
 from course_lib.exercises import inference
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import gpu_check  # noqa: E402
+from scripts import gpu_check
 
 CLASSES = list(hardware.CLASSES)
 FP32, BF16 = torch.float32, torch.bfloat16

@@ -2,8 +2,6 @@
 airbench94_muon references, torch.optim.Muon's iteration, and speedrun.MUON against airbench94_muon's values."""
 import copy
 import dataclasses
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,9 +10,7 @@ from torch import nn
 from course_lib import hardware, muon, optim, speedrun
 from course_lib.data import to_float
 from course_lib.ondevice import DeviceBatches
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import airbench_muon_port as port  # noqa: E402
+from scripts import airbench_muon_port as port
 
 SHAPES = [(16, 216), (32, 288), (64, 32), (48, 48 * 9)]  # flattened conv banks (out, in x 9), a tall matrix
 
@@ -257,7 +253,7 @@ def test_muon_whitening_filters_sit_where_airbench94_muons_do():
     widths[0] of the 24 whitening channels, so at widths (16, ...) it decides which directions reach the net with both
     signs. Issue 46: speedrun.MUON put the largest first until the gap was looked for. Each filter position holds the
     port's filter (up to the pair's sign, which eigh leaves to LAPACK); hiverge's record keeps the largest first."""
-    import hiverge_port
+    from scripts import hiverge_port
     torch.manual_seed(0)
     images = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8)
     images[:, 1] = images[:, 0] // 2 + images[:, 1] // 2  # correlated channels: distinct eigenvalues, a clear order
@@ -307,11 +303,10 @@ def test_lightning_trains_as_airbench94_muons_loop_from_one_start(hardware_class
     batches (scripts/fidelity_muon_stages.py's stage 4), take the same steps at the same LRs with the same losses, over
     4 epochs: the epoch boundaries, the whitening bias's decay and its freeze after epoch 3 (fp32 iteration; at this
     size rounding has not yet grown, as it does over longer runs: the stage check's nudged row)."""
-    import airbench_port
-    import fidelity_muon_stages as stages
-
     from course_lib import experiments
     from course_lib.ondevice import SpeedrunDataModule
+    from scripts import airbench_port
+    from scripts import fidelity_muon_stages as stages
 
     hardware_class("cpu-avx2")
     dm = SpeedrunDataModule(image_folder=str(tiny_folder), data_dir=str(session_data_root), batch_size=20, seed=0,
@@ -355,7 +350,7 @@ MUON_OUTPUT = """\
 def test_airbench94_muon_is_carried_checked_and_read(tmp_path):
     """The GPU script's path to airbench94_muon.py: a wrong file is refused with the download command, a missing one
     names the remedy, and its printed 'eval' row is read."""
-    import airbench_carry
+    from scripts import airbench_carry
 
     wrong = tmp_path / "airbench94_muon.py"
     wrong.write_text("print('not it')\n")

@@ -3,17 +3,13 @@ scripts/hiverge_port.py: the batched Newton-Schulz, the vectorised Muon with per
 jitter, the SiLU groups and selective TTA. No training: each piece on small tensors."""
 import copy
 import dataclasses
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from course_lib import muon, speedrun, tta
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import hiverge_port as port  # noqa: E402
+from scripts import hiverge_port as port
 
 SHAPES = [(8, 24, 3, 3), (16, 8, 3, 3), (16, 16, 3, 3)]  # conv banks of a small AirNet, different sizes
 

@@ -1,8 +1,10 @@
 """course_lib.results: the one writer, file naming and reader of measured results, round trip by round trip."""
 from __future__ import annotations
 
+import importlib.machinery
 import json
 import sys
+import types
 
 import pytest
 import torch
@@ -62,14 +64,19 @@ def test_save_rows_writes_the_rows_and_records_their_throughput(build):
 
 def test_write_report_layout_is_what_committed_reads(build, monkeypatch):
     """write_report: title, command, hardware, lines, versions; committed() gives back title, hardware, comparison."""
-    monkeypatch.setattr(sys, "argv", ["scripts/gpu_x.py", "--seeds", "2"])
+    monkeypatch.setattr(sys, "argv", ["/repo/scripts/gpu_x.py", "--seeds", "2"])
+    main = types.ModuleType("__main__")  # as `python -m scripts.gpu_x --seeds 2` starts it
+    main.__spec__, main.__file__ = importlib.machinery.ModuleSpec("scripts.gpu_x", None), "/repo/scripts/gpu_x.py"
+    monkeypatch.setitem(sys.modules, "__main__", main)
     info = {"gpu": "GPU X", "gpu_count": 1, "cuda": "13.0", "torch": "2.x"}
     lines = ["## (a) part", "- a: 1", "", "## Comparison", "- time, b / a: 1.2x ± 0.1x", "## (d) later", "- d: 4"]
     path = results.write_report(results.report_path("gpu_x", None), "Run on GPU X", lines, info)
     text = path.read_text().splitlines()
-    assert text[:6] == ["# Run on GPU X", "", "Command: `python scripts/gpu_x.py --seeds 2`", "",
+    assert text[:6] == ["# Run on GPU X", "", "Command: `python -m scripts.gpu_x --seeds 2`", "",
                         "Hardware: 1x GPU X (CUDA 13.0)", ""]
     assert text[-1] == "Versions and hardware facts: gpu GPU X, gpu_count 1, cuda 13.0, torch 2.x"
+    monkeypatch.setattr(sys, "argv", ["tool.py", "-x"])  # a file run as a script (not the __main__ module above)
+    assert results.command_line() == "python tool.py -x"
     assert results.committed("gpu_x-dryrun.md", build) == [
         {"file": "gpu_x-dryrun.md", "title": "Run on GPU X", "hardware": "Hardware: 1x GPU X (CUDA 13.0)",
          "comparison": ["- time, b / a: 1.2x ± 0.1x"]}]

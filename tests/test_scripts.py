@@ -1,7 +1,7 @@
 """The prepared GPU scripts: CI has no GPU to run them, so at least their imports and options must stay valid."""
 import ast
 import importlib
-import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,30 +14,31 @@ SCRIPTS = sorted({REPO / "scripts" / f"{name}.py" for name in ("gpu_check", "gpu
                  | set((REPO / "scripts").glob("gpu_*.py")))
 
 
-# runs each script as `python script.py --help` would, in one process (one torch import), with course_lib's editable
-# install hidden: a GPU machine runs the scripts from a plain checkout
+# runs each script as `python -m scripts.NAME --help` would from the checkout's root, in one process (one torch
+# import), with course_lib's editable install hidden: a GPU machine runs the scripts from a plain checkout
 WITHOUT_INSTALL = """
 import runpy, sys
 sys.meta_path = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
-for script in sys.argv[1:]:
-    sys.argv, sys.path[0] = [script, "--help"], script.rsplit("/", 1)[0]
-    for name in [m for m in sys.modules if m.split(".")[0] == "course_lib"]:
+for module in sys.argv[1:]:
+    sys.argv = [module, "--help"]
+    for name in [m for m in sys.modules if m.split(".")[0] in ("course_lib", "scripts")]:
         del sys.modules[name]
     try:
-        runpy.run_path(script, run_name="__main__")
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as done:
-        print(f"exit {done.code}: {script}")
+        print(f"exit {done.code}: {module}")
 """
 
 
 def test_gpu_scripts_run_from_a_checkout_without_install(tmp_path):
-    """`python scripts/<script>.py --help` from another folder, course_lib not installed: imports resolve, usage
-    prints."""
-    res = subprocess.run([sys.executable, "-c", WITHOUT_INSTALL, *map(str, SCRIPTS)], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=300)
+    """`python -m scripts.<script> --help` from the checkout's root, course_lib not installed: imports resolve (no
+    sys.path edits in scripts/), usage prints."""
+    modules = [f"scripts.{path.stem}" for path in SCRIPTS]
+    res = subprocess.run([sys.executable, "-c", WITHOUT_INSTALL, *modules], cwd=REPO, capture_output=True, text=True,
+                         timeout=300, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert res.returncode == 0, res.stderr[-2000:]
-    for path in SCRIPTS:
-        assert f"exit 0: {path}" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
+    for module in modules:
+        assert f"exit 0: {module}" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
     assert res.stdout.count("usage:") == len(SCRIPTS)
 
 
@@ -91,9 +92,7 @@ def test_gpu_reports_go_under_the_repository_from_any_folder(tmp_path, monkeypat
 def test_make_subset_from_a_tensor_file_names_the_remedy(tmp_path, monkeypatch):
     """--make-subset cuts a subset from an image folder; with COURSE_DATA already a .pt file it says to carry that
     file, instead of failing on <file>/train."""
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
+    from scripts import gpu_check
     carried = tmp_path / "cifar10-15k.pt"
     carried.write_bytes(b"")
     monkeypatch.setenv("COURSE_DATA", str(carried))
@@ -110,9 +109,8 @@ def test_gpu_check_runs_the_step_model_against_its_ceilings(monkeypatch):
     monkeypatch.setattr(timing, "time_calls", lambda fn, **kw: [1e-3] * 4)  # no clock: every call 1 ms
     monkeypatch.setattr(opcount, "_floors", {})
 
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
+    from scripts import gpu_check
+
     ceil = ceilings.Ceilings("test machine", "cpu", "smoke", 1, "t", {
         "matmul fp32": ceilings.summarise("matmul fp32", "compute", 1e11, [1.0]),
         "memory": ceilings.summarise("memory", "memory", 1e10, [1.0]),
@@ -120,3 +118,9 @@ def test_gpu_check_runs_the_step_model_against_its_ceilings(monkeypatch):
     lines = gpu_check.step_model_lines(ceil, batch=2, width=4)
     assert len(lines) == 1 and lines[0].startswith("- ResNet-9 width 4, batch 2, fp32:")
     assert "the model predicts" in lines[0] and "measured 1.00 ms" in lines[0]
+
+
+def test_no_script_edits_sys_path():
+    """scripts/ is a package run with `python -m`: no file of it puts a folder on sys.path."""
+    edits = [p.name for p in (REPO / "scripts").rglob("*.py") if "sys.path.insert" in p.read_text()]
+    assert not edits, edits

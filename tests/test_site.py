@@ -33,7 +33,7 @@ import websocket
 
 REPO = Path(__file__).resolve().parents[1]
 SITE = REPO / "build" / "site"
-BUILD_COMMAND = [sys.executable, "scripts/build_site.py"]  # the Makefile's `site` recipe (checked below)
+BUILD_COMMAND = [sys.executable, "-m", "scripts.build_site"]  # the Makefile's `site` recipe (checked below)
 SCREENSHOT = REPO / "build" / "site-screenshot.png"
 OVERFLOW_REPORT = REPO / "build" / "site-overflow.json"
 SCREENSHOT_LESSON = "01_pytorch_baseline"
@@ -236,11 +236,11 @@ def search_results(browser: Browser) -> dict:
 
 
 def test_make_site_and_the_pages_workflow_run_the_command_this_test_builds_with():
-    """`make site` runs scripts/build_site.py with the venv's Python (this test runs it with its own interpreter),
-    and the Pages workflow publishes exactly what `make site` builds."""
+    """`make site` runs `python -m scripts.build_site` with the venv's Python (this test runs it with its own
+    interpreter), and the Pages workflow publishes exactly what `make site` builds."""
     makefile = (REPO / "Makefile").read_text()
     recipe = re.search(r"^site: .*\n((?:\t.*\n)+)", makefile, re.M)
-    assert recipe and recipe.group(1).strip() == "$(BIN)/python " + BUILD_COMMAND[1], recipe
+    assert recipe and recipe.group(1).strip() == "$(BIN)/python " + " ".join(BUILD_COMMAND[1:]), recipe
     workflow = (REPO / ".github" / "workflows" / "pages.yml").read_text()
     assert re.search(r"^\s+(- )?run: make site$", workflow, re.M) and "path: build/site" in workflow
 
