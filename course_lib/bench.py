@@ -209,7 +209,8 @@ def show_rows(rows: list[dict], columns: list[str] | None = None, note: str = ""
     (getattr(builtins, "display", None) or print)(rows_table(rows, columns, note))
 
 
-SINGULAR = {"ops": "op", "runs": "run", "steps": "step", "images": "image", "calls": "call", "processes": "process"}
+SINGULAR = {"ops": "op", "runs": "run", "steps": "step", "images": "image", "calls": "call", "processes": "process",
+            "kernels": "kernel"}
 
 
 def measures(saved: list[dict]) -> list[dict]:
@@ -217,9 +218,8 @@ def measures(saved: list[dict]) -> list[dict]:
     'value': a whole number as one (8, 1,024), any other as verdict.number, then its unit ('1 op', not '1 ops')."""
     def value(r: dict) -> str:
         v, unit = float(r["value"]), str(r.get("unit", ""))
-        head, _, rest = unit.partition(" ")
-        if v == 1 and head in SINGULAR:
-            unit = " ".join(filter(None, (SINGULAR[head], rest)))
+        if v == 1:  # '1 op or fused C++ kernel', not '1 ops or fused C++ kernels'
+            unit = " ".join(SINGULAR.get(w, w) for w in unit.split())
         return f"{int(v):,}" if v.is_integer() and abs(v) < 1e15 else verdict.number(v), unit
 
     return [{"measure": r["name"] + (f" ({r['note']})" if r.get("note") else ""), "value": " ".join(filter(None,

@@ -63,3 +63,16 @@ def test_what_to_expect_has_a_cited_gpu_row(path):
     rows = expect_rows(path)
     cited = [r for r in rows if GPU.search(r) and LINK.search(r) and re.search(r"source", r)]
     assert rows and cited, f"{path.stem}: no 'what to expect' row with a GPU, a link and 'the source's figure'"
+
+
+def test_measures_reads_as_plain_words_and_numbers():
+    """bench.measures: '1 op' (not '1 ops'), whole numbers with separators, the note in brackets, no e-notation."""
+    from course_lib import bench
+
+    rows = bench.measures([{"name": "kernels", "value": 1.0, "unit": "ops or fused C++ kernels"},
+                           {"name": "images", "value": 1024.0, "unit": "images", "note": "last size"},
+                           {"name": "rate", "value": 0.0011, "unit": ""}])
+    assert [r["value"] for r in rows] == ["1 op or fused C++ kernel", "1,024 images", "0.00110"]
+    assert rows[1]["measure"] == "images (last size)"
+    table = bench.rows_table(rows)
+    assert table.splitlines()[:2] == ["| measure | value |", "|---|---|"] and table._repr_markdown_() == str(table)
