@@ -1,10 +1,12 @@
-"""Lesson 08's measurements, shared with scripts/gpu_capstone.py and scripts/fidelity_cpu.py: the seed loop, the twin
-comparison and the FLOP summary."""
+"""Lesson 08's measurements, shared with scripts/gpu_capstone.py and scripts/fidelity_cpu.py: the one seed loop under a
+time budget (seed_loop; seed_runs for the speedrun), the twin comparison and the FLOP summary."""
 from __future__ import annotations
 
+import functools
 import statistics
+import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable, TypeVar
 
 import lightning as L
 import torch
@@ -13,6 +15,8 @@ from . import flops, hardware, speedrun
 from .models import AirNet
 from .ondevice import SpeedrunDataModule
 from .timing import DeviceTimer, EpochTimer, duration, flop_rate
+
+T, R = TypeVar("T"), TypeVar("R")  # seed_loop's items and results
 
 
 @dataclass(frozen=True)
@@ -50,19 +54,32 @@ def run_seed(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, *, seed: i
                    losses=torch.stack(module.step_losses).float().cpu())
 
 
-def seed_runs(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, *, seeds: list[int], epochs: float,
-              precision: str | None = None, warmup_seed: int | None = None,
-              on_run: Callable[[list[SeedRun]], object] | None = None) -> list[SeedRun]:
-    """run_seed for each seed, after an untimed warm-up run (compilation, cuDNN autotuning) when warmup_seed is set;
-    on_run(results so far) after each run (e.g. to rewrite a results file, so an interrupted job keeps its figures)."""
-    if warmup_seed is not None:
-        run_seed(module, dm, seed=warmup_seed, epochs=epochs, precision=precision)
+def seed_loop(run: Callable[[T], R], items: Iterable[T], *, warmup: Callable[[], object] | None = None,
+              deadline: float | None = None, on_run: Callable[[list[R]], object] | None = None) -> list[R]:
+    """The one loop of seeds (or any runs) under a time budget: warmup() first, untimed (compilation, cuDNN
+    autotuning); then run(item) for each item, stopping before one that would start after `deadline`
+    (time.monotonic()); on_run(results so far) after each (e.g. to rewrite a results file, so an interrupted job
+    keeps its figures). Fewer results than items: the budget was spent."""
+    if warmup is not None:
+        warmup()
     done = []
-    for seed in seeds:
-        done.append(run_seed(module, dm, seed=seed, epochs=epochs, precision=precision))
+    for item in items:
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        done.append(run(item))
         if on_run is not None:
             on_run(done)
     return done
+
+
+def seed_runs(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, *, seeds: list[int], epochs: float,
+              precision: str | None = None, warmup_seed: int | None = None, deadline: float | None = None,
+              on_run: Callable[[list[SeedRun]], object] | None = None) -> list[SeedRun]:
+    """run_seed for each seed through seed_loop: after an untimed warm-up run when warmup_seed is set, until
+    `deadline` (time.monotonic()) where one is given."""
+    one = functools.partial(run_seed, module, dm, epochs=epochs, precision=precision)
+    warm = None if warmup_seed is None else functools.partial(one, seed=warmup_seed)
+    return seed_loop(lambda seed: one(seed=seed), seeds, warmup=warm, deadline=deadline, on_run=on_run)
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,11 @@ import math
 import os
 import sys
 import tarfile
-import time
 from pathlib import Path
 
 import torch
+
+from course_lib import experiments
 
 VERSION = "0.1.8"
 COLUMNS = ("run", "epoch", "train_loss", "train_acc", "val_acc", "tta_val_acc", "total_time_seconds")
@@ -129,29 +130,25 @@ def run(airbench, folder: Path, seeds: list[int], deadline: float | None = None,
     from airbench import lib_airbench94
 
     hyp = lib_airbench94.hyp
-    trials = []
     with inside(folder):
         loader = airbench.CifarLoader("cifar10", train=True, batch_size=hyp["opt"]["batch_size"], aug=hyp["aug"],
                                       altflip=True)
         test = airbench.CifarLoader("cifar10", train=False, batch_size=2000)
-        for i, seed in enumerate([None, *seeds]):  # None: the warm-up (cuDNN autotuning), not reported
-            if deadline is not None and seed is not None and time.monotonic() > deadline:
-                log(f"airbench: time budget spent after {len(trials)} runs")
-                break
+
+        def one(seed: int | None) -> dict:  # seed None: the warm-up (cuDNN autotuning), not reported
             torch.manual_seed(1000 if seed is None else seed)
             out = io.StringIO()
             with contextlib.redirect_stdout(out):
-                model = airbench.train94(loader, run=i, verbose=True)
+                model = airbench.train94(loader, run=0 if seed is None else 1 + seeds.index(seed), verbose=True)
             log(out.getvalue().rstrip())
-            if seed is None:
-                continue
             printed = parse_table(out.getvalue())
-            acc = airbench.evaluate(model, test, tta_level=hyp["net"]["tta_level"])
-            trials.append({"seed": seed, "acc": acc, "printed_acc": printed["tta_val_acc"],
-                         "time_s": printed["total_time_seconds"],
-                         "steps": math.ceil(len(loader) * hyp["opt"]["train_epochs"])})
-            if on_run is not None:
-                on_run(trials)
+            return {"seed": seed, "acc": airbench.evaluate(model, test, tta_level=hyp["net"]["tta_level"]),
+                    "printed_acc": printed["tta_val_acc"], "time_s": printed["total_time_seconds"],
+                    "steps": math.ceil(len(loader) * hyp["opt"]["train_epochs"])}
+
+        trials = experiments.seed_loop(one, seeds, warmup=lambda: one(None), deadline=deadline, on_run=on_run)
+    if len(trials) < len(seeds):
+        log(f"airbench: time budget spent after {len(trials)} runs")
     return trials
 
 
@@ -200,22 +197,19 @@ def run_muon(ab, folder: Path, seeds: list[int], deadline: float | None = None, 
     `deadline`; on_run(runs so far) after each run."""
     model = ab.CifarNet().cuda().to(memory_format=torch.channels_last)
     model.compile(mode=compile_mode)
-    trials = []
     with inside(folder):
         steps = math.ceil(8 * (len(torch.load(Path("cifar10") / "train.pt", weights_only=True)["labels"]) // 2000))
-        for i, seed in enumerate([None, *seeds]):
-            if deadline is not None and seed is not None and time.monotonic() > deadline:
-                log(f"airbench94_muon: time budget spent after {len(trials)} runs")
-                break
+
+        def one(seed: int | None) -> dict:  # seed None: the warm-up main('warmup'), compilation, not reported
             torch.manual_seed(1000 if seed is None else seed)
             out = io.StringIO()
             with contextlib.redirect_stdout(out):
-                acc = ab.main("warmup" if seed is None else i, model)
+                acc = ab.main("warmup" if seed is None else 1 + seeds.index(seed), model)
             log(out.getvalue().rstrip())
-            if seed is None:
-                continue
-            printed = parse_muon_table(out.getvalue())
-            trials.append({"seed": seed, "acc": acc, "time_s": printed["time_seconds"], "steps": steps})
-            if on_run is not None:
-                on_run(trials)
+            return {"seed": seed, "acc": acc, "time_s": parse_muon_table(out.getvalue())["time_seconds"],
+                    "steps": steps}
+
+        trials = experiments.seed_loop(one, seeds, warmup=lambda: one(None), deadline=deadline, on_run=on_run)
+    if len(trials) < len(seeds):
+        log(f"airbench94_muon: time budget spent after {len(trials)} runs")
     return trials

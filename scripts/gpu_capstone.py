@@ -138,16 +138,9 @@ def part_a(args, dm, report, deadline, dry) -> list[dict]:
 
 
 def part_b(module, dm, report, *, seeds, epochs, precision, deadline, head, key="b") -> list[experiments.SeedRun]:
-    # warm-up: compilation, cuDNN autotuning
-    experiments.run_seed(module, dm, seed=1000, epochs=epochs, precision=precision)
-    trials = []
-    for seed in seeds:
-        if time.monotonic() > deadline:
-            report.set(key, report.sections[key] + [f"- time budget spent after {len(trials)} runs"])
-            break
-        trials.append(experiments.run_seed(module, dm, seed=seed, epochs=epochs, precision=precision))
-        last = trials[-1].epoch_s
+    def show(trials):
         recipe = module.recipe
+        last = trials[-1].epoch_s
         flops = experiments.flop_summary(widths=recipe.widths, batch_size=recipe.batch_size,
                                          steps=len(dm.train_dataloader()), epoch_s=statistics.median(last[1:] or last))
         report.set(key, head + table(
@@ -159,6 +152,12 @@ def part_b(module, dm, report, *, seeds, epochs, precision, deadline, head, key=
             figure("time (fit + test)", [r.total_s for r in trials]),
             figure("trainer.fit", [r.fit_s for r in trials]), figure("trainer.test", [r.test_s for r in trials]),
             f"- {flops['text']} (median epoch after the first, last run)"])
+
+    # warm-up seed 1000: compilation, cuDNN autotuning
+    trials = experiments.seed_runs(module, dm, seeds=seeds, epochs=epochs, precision=precision, warmup_seed=1000,
+                                   deadline=deadline, on_run=show)
+    if len(trials) < len(seeds):
+        report.set(key, report.sections.get(key, head) + [f"- time budget spent after {len(trials)} runs"])
     return trials
 
 
@@ -168,12 +167,7 @@ def part_c(module, dm, report, *, trials, epochs, precision, deadline, head) -> 
     twin.fit(dm.train_dataloader(), epochs, precision)
     speedrun.evaluate_tta(twin.forward, dm.test_set.images, dm.test_set.labels, batch_size=dm.eval_batch_size,
                           precision=precision)
-    twins = []
-    for run in trials:
-        if time.monotonic() > deadline:
-            report.set("c", report.sections["c"] + [f"- time budget spent after {len(twins)} runs"])
-            break
-        twins.append(experiments.compare_twin(module, dm, run, epochs=epochs, precision=precision, twin=twin))
+    def show(twins):
         report.set("c", head + table(
             ["seed", "twin accuracy (TTA)", "Lightning accuracy", "twin total", "Lightning total",
              "Lightning / twin epoch (median, epochs 1+)", "largest loss difference, first 10 steps"],
@@ -183,6 +177,12 @@ def part_c(module, dm, report, *, trials, epochs, precision, deadline, head) -> 
             figure("accuracy", pct(t.twin_acc for t in twins), "{:.2f}", " %"),
             figure("time (whitening + training + TTA)", [t.twin_total_s for t in twins]),
             figure("Lightning / twin epoch time (target <= 1.05x)", [t.ratio for t in twins], unit="x")])
+
+    twins = experiments.seed_loop(
+        lambda run: experiments.compare_twin(module, dm, run, epochs=epochs, precision=precision, twin=twin), trials,
+        deadline=deadline, on_run=show)
+    if len(twins) < len(trials):
+        report.set("c", report.sections.get("c", head) + [f"- time budget spent after {len(twins)} runs"])
     return twins
 
 

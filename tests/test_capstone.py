@@ -218,3 +218,16 @@ def test_gpu_check_on_a_gpu_without_bf16_compiles_in_fp16(monkeypatch):
     assert set(rows) <= set(lesson_checks.ORDER)
     with pytest.raises(ValueError, match="no native bf16"):
         hardware.choose_precision(rows["ResNet-9 bf16 + compile + channels_last"]["precision"])
+
+
+def test_seed_loop_warms_up_then_stops_at_the_deadline(monkeypatch):
+    """experiments.seed_loop, the one seed loop under a time budget (gpu_capstone's parts, airbench's runs): the
+    warm-up first and unreported, each run reported as it ends, no run started after the deadline (injected clock)."""
+    from course_lib import experiments
+
+    clock = iter([0.0, 5.0, 11.0, 20.0])  # time.monotonic() before each run: the third starts past the deadline
+    monkeypatch.setattr(experiments.time, "monotonic", lambda: next(clock))
+    calls, seen = [], []
+    done = experiments.seed_loop(lambda s: calls.append(s) or s * 10, [1, 2, 3, 4], warmup=lambda: calls.append("w"),
+                                 deadline=10.0, on_run=lambda runs: seen.append(list(runs)))
+    assert calls == ["w", 1, 2] and done == [10, 20] and seen == [[10], [10, 20]]
