@@ -100,9 +100,22 @@ def breakdown_rows_above_their_roof(text: str) -> list[str]:
 LAYER_ROW = re.compile(r"^(\S+ \(\w+\)) +[\d.]+ +[\d.]+ +(?:compute|memory|overhead) +([\d.]+) +([\d.]+) \(", re.M)
 
 
+# the same rows as lesson 08 displays them (bench.show_rows: layer, MFLOP, MiB, bound, predicted, measured)
+LAYER_CELLS = re.compile(r"^\| (\S+ \(\w+\)) \| [\d.,]+ \| [\d.,]+ \| (?:compute|memory|overhead) \| "
+                         r"([\d.,]+ (?:s|ms|µs|ns)) \| ([\d.,]+ (?:s|ms|µs|ns)) \(", re.M)
+SECONDS = {"s": 1.0, "ms": 1e-3, "µs": 1e-6, "ns": 1e-9}
+
+
+def seconds(duration: str) -> float:
+    """'2.25 ms' -> 0.00225 (timing.duration's units)."""
+    value, unit = duration.split()
+    return float(value.replace(",", "")) * SECONDS[unit]
+
+
 def layer_rows_above_their_roof(text: str) -> list[str]:
     """The per-layer rows in `text` whose predicted time is above the measured one: a layer faster than its roof."""
-    return [m.group(0) for m in LAYER_ROW.finditer(text) if float(m.group(2)) > float(m.group(3))]
+    return ([m.group(0) for m in LAYER_ROW.finditer(text) if float(m.group(2)) > float(m.group(3))]
+            + [m.group(0) for m in LAYER_CELLS.finditer(text) if seconds(m.group(2)) > seconds(m.group(3))])
 
 
 def test_the_layer_check_finds_a_layer_above_its_roof():
@@ -110,6 +123,9 @@ def test_the_layer_check_finds_a_layer_above_its_roof():
     rows = ["groups.1.conv2 (Conv2d)               924.8    3.13   compute     2.245      1.914 (11%)",
             "groups.0.conv2 (Conv2d)               265.4    3.52   compute     0.644      0.770 ( 4%)"]
     assert [r.rstrip("(") for r in layer_rows_above_their_roof("\n".join(rows))] == [rows[0][:rows[0].index("(1")]]
+    shown = ["| groups.1.conv2 (Conv2d) | 924.8 | 3.13 | compute | 2.25 ms | 1.91 ms (11%) |",
+             "| head (Linear) | 0.3 | 0.04 | overhead | 3.00 µs | 22.0 µs (0%) |"]  # as displayed since issue 47
+    assert [r.rstrip("(") for r in layer_rows_above_their_roof("\n".join(shown))] == [shown[0][:shown[0].index("(1")]]
 
 
 def test_the_breakdown_check_finds_an_op_above_its_roof():
