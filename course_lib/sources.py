@@ -1,8 +1,10 @@
 """Where images come from: the one decision of a source's format (open_source: torchvision's CIFAR-10 download, a
-folder of <split>/<class>/*.jpg files decoded once into a uint8 cache, or a .pt tensor file), each source with
-ensure_cached(split) for prepare_data and load(split) for setup; and writing tensors back out as an image folder."""
+folder of <split>/<class>/*.jpg files decoded once into a uint8 cache, or a .pt file: decoded tensors or a JPEG pack),
+each source with ensure_cached(split) for prepare_data and load(split) for setup; and writing tensors back out as an
+image folder or a JPEG pack (save_jpeg_pack, the compact file carried to a GPU machine)."""
 from __future__ import annotations
 
+import io
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,8 +46,8 @@ def list_image_folder(split_dir: str | Path) -> tuple[list[Path], list[int], lis
     return files, labels, classes
 
 
-def decode_image(path: Path) -> torch.Tensor:
-    """One image file as a (3, 32, 32) uint8 tensor; names the file if it cannot be decoded."""
+def decode_image(path: Path | io.BytesIO) -> torch.Tensor:
+    """One image file (or its bytes) as a (3, 32, 32) uint8 tensor; names the file if it cannot be decoded."""
     try:
         with Image.open(path) as im:
             im = im.convert("RGB")
@@ -102,14 +104,47 @@ def load_torchvision_cifar10(root: str | Path, train: bool, mirror_url: str | No
     return {"images": images, "labels": torch.tensor(ds.targets, dtype=torch.long), "classes": list(ds.classes)}
 
 
+JPEG_PACK_KEYS = {"jpeg", "offsets", "labels", "classes"}  # a JPEG pack: the files' bytes end to end, (N + 1) offsets
+
+
+def save_jpeg_pack(split_dir: str | Path, out: str | Path) -> int:
+    """Pack a <split_dir>/<class>/*.jpg folder's files, in the cache's order (sorted by class, then name), as one .pt
+    file of their bytes plus offsets, labels and classes (a compact file to carry); returns the images packed."""
+    files, labels, classes = list_image_folder(split_dir)
+    blobs = [f.read_bytes() for f in files]
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"jpeg": torch.frombuffer(bytearray(b"".join(blobs)), dtype=torch.uint8),
+                "offsets": torch.tensor([0] + [len(b) for b in blobs]).cumsum(0), "labels": torch.tensor(labels),
+                "classes": classes}, out)
+    return len(files)
+
+
+def is_jpeg_pack(path: str | Path) -> bool:
+    """Whether a .pt file is a JPEG pack (save_jpeg_pack) rather than decoded tensors."""
+    data = torch.load(path, weights_only=True, mmap=True)
+    return isinstance(data, dict) and JPEG_PACK_KEYS <= set(data)
+
+
+def decode_jpeg_pack(data: dict) -> dict:
+    """A JPEG pack's images decoded by the one decoder (decode_image, as a folder's files) into {'images':
+    (N, 3, 32, 32) uint8, 'labels', 'classes'}."""
+    off, raw = data["offsets"].tolist(), data["jpeg"].numpy()
+    images = [decode_image(io.BytesIO(raw[a:b].tobytes())) for a, b in zip(off[:-1], off[1:])]
+    return {"images": torch.stack(images), "labels": data["labels"], "classes": list(data["classes"])}
+
+
 def load_tensor_file(path: str | Path) -> dict:
-    """A .pt file of {'images', 'labels', 'classes'} tensors; anything else is one error naming the file and remedy."""
+    """A .pt file of {'images', 'labels', 'classes'} tensors, or a JPEG pack (decoded); anything else is one error
+    naming the file and remedy."""
     remedy = (f"{path} (COURSE_DATA or --data.image_folder) must be a tensor file of images, labels and classes, "
-              f"such as scripts/gpu_check.py --make-subset writes; or point COURSE_DATA at an image folder")
+              f"such as python -m scripts.gpu_check --make-subset writes (or a JPEG pack, as python -m "
+              f"scripts.gpu_capstone --make-data writes); or point COURSE_DATA at an image folder")
     try:
         data = torch.load(path, weights_only=True)
     except Exception as err:  # unpickling refused, truncated, not a torch file: torch's text suggests unsafe loads
         raise CourseError(f"{remedy}; it cannot be read as one ({type(err).__name__}).") from None
+    if isinstance(data, dict) and JPEG_PACK_KEYS <= set(data):
+        return decode_jpeg_pack(data)
     if not isinstance(data, dict) or not {"images", "labels", "classes"} <= set(data):
         keys = sorted(map(str, data))[:5] if isinstance(data, dict) else ""
         raise CourseError(f"{remedy}; it holds a {type(data).__name__} {keys}.")

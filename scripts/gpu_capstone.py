@@ -49,41 +49,28 @@ from pathlib import Path
 
 import torch
 
-from course_lib import config, experiments, hardware, models, muon, results, speedrun, timing, verdict
+from course_lib import config, experiments, hardware, models, muon, results, sources, speedrun, timing, verdict
+from course_lib.ondevice import SpeedrunDataModule
+from course_lib.sources import ImageFolderSource, open_source
 from scripts import airbench_carry, airbench_muon_port, airbench_port, hiverge_port, lesson_checks
 
 ROOT = Path(__file__).resolve().parents[1]
-from course_lib.ondevice import SpeedrunDataModule  # noqa: E402
-from course_lib.sources import ImageFolderSource, list_image_folder, open_source  # noqa: E402
 
 ORDER = ("setup", "a", "b", "c", "summary", "e", "f", "muon", "g", "h", "record", "d")
 def make_data(folder: Path, out: Path) -> None:
-    """Pack a training folder's JPEG files, in CIFAR10DataModule's order, as bytes plus offsets and labels."""
-    files, labels, classes = list_image_folder(folder)  # sorted by class, then file name: the cache's order
-    blobs = [f.read_bytes() for f in files]
-    offsets = torch.tensor([0] + [len(b) for b in blobs]).cumsum(0)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"jpeg": torch.frombuffer(bytearray(b"".join(blobs)), dtype=torch.uint8), "offsets": offsets,
-                "labels": torch.tensor(labels), "classes": classes}, out)
+    """Pack a training folder's JPEG files, in CIFAR10DataModule's order, as a JPEG pack (sources.save_jpeg_pack)."""
+    count = sources.save_jpeg_pack(folder, out)
     size = out.stat().st_size / 2**20
-    print(f"wrote {len(files)} JPEGs from {folder} to {out} ({size:.1f} MiB)")
+    print(f"wrote {count} JPEGs from {folder} to {out} ({size:.1f} MiB)")
     if size > 60:
         raise SystemExit(f"{out} is {size:.0f} MiB: too big to carry (64 MiB in all).")
 
 
 def decode_pack(pack: Path, out: Path) -> Path:
-    """Decode a --make-data pack once into the {'images', 'labels', 'classes'} tensor cache CIFAR10DataModule reads."""
-    if out.exists():
-        return out
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    data = torch.load(pack, weights_only=True)
-    off = data["offsets"].tolist()
-    images = decode_jpeg([data["jpeg"][a:b] for a, b in zip(off[:-1], off[1:])], mode=ImageReadMode.RGB)
-    if any(img.shape != (3, 32, 32) for img in images):
-        raise ValueError(f"{pack} holds images that are not 32x32 RGB; pack a CIFAR-10 folder.")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"images": torch.stack(images), "labels": data["labels"], "classes": data["classes"]}, out)
+    """Decode a JPEG pack once into the {'images', 'labels', 'classes'} tensor file CIFAR10DataModule reads."""
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(sources.load_tensor_file(pack), out)  # sources decodes a pack (decode_jpeg_pack)
     return out
 
 
@@ -321,7 +308,7 @@ def main() -> int:
         pack = config.build_dir() / "capstone" / "pack.pt"
         make_data(source / "train", pack)
         source = pack
-    if "jpeg" in torch.load(source, weights_only=True, mmap=True):
+    if sources.is_jpeg_pack(source):
         decoded = f"cifar10-train-{source.stat().st_size}.pt"  # named by the pack's size: a new pack decodes anew
         source = decode_pack(source, config.build_dir() / "capstone" / decoded)
     size = config.run_size("08_capstone", gpu=not dry, size="smoke" if dry else None)  # lesson 08's scale

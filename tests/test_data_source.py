@@ -220,3 +220,22 @@ def test_offline_without_data_names_both_remedies(tmp_path):
     msg = str(err.value)
     assert "COURSE_DATA=<folder>" in msg and "connect to the internet once" in msg and str(tmp_path / "root") in msg
     assert not (tmp_path / "root" / "cifar10-jpeg").exists()
+
+
+def test_a_jpeg_pack_is_a_source_format(tmp_path):
+    """sources.save_jpeg_pack writes a folder's JPEG bytes as one .pt file; load_tensor_file (a TensorFileSource's
+    load) recognises it and decodes it to the same pixels as the folder's own files."""
+    import torch
+
+    from course_lib import sources
+
+    images = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)
+    data = {"images": images, "labels": torch.tensor([0, 1, 0, 1]), "classes": ["a", "b"]}
+    sources.save_image_folder(data, tmp_path / "train", quality=100)
+    pack = tmp_path / "pack.pt"
+    assert sources.save_jpeg_pack(tmp_path / "train", pack) == 4 and sources.is_jpeg_pack(pack)
+    loaded = sources.open_source(pack, data_dir=tmp_path).load("train")
+    assert loaded["images"].shape == (4, 3, 32, 32) and loaded["classes"] == ["a", "b"]
+    assert loaded["labels"].tolist() == [0, 0, 1, 1]  # the folder's order: by class, then file name
+    folder = sources.load_image_folder(tmp_path / "train")
+    assert torch.equal(loaded["images"], folder["images"])  # one decoder for files and packs
