@@ -2,6 +2,7 @@
 time budget (seed_loop; seed_runs for the speedrun), the twin comparison and the FLOP summary."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import statistics
 import time
@@ -138,16 +139,27 @@ def compare_twin(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, run: S
         twin=result)
 
 
+@dataclass(frozen=True)
+class FlopSummary:
+    """One training epoch's FLOPs and the rate achieved (flops.Achieved's fields), with the line that says both."""
+    tflop_per_epoch: float
+    tflops: float
+    peak_tflops: float | None
+    fraction_of_peak: float | None
+    peak_text: str
+    text: str  # '290 GFLOP per epoch in 1.78 s: 163 GFLOP/s, <fraction of the peak or why there is none>'
+
+
 def flop_summary(*, widths: tuple[int, int, int], batch_size: int, steps: int, epoch_s: float,
-                 info: dict | None = None) -> dict:
+                 info: dict | None = None) -> FlopSummary:
     """FLOPs of one training epoch, the rate achieved in `epoch_s`, and its fraction of the device's listed peak in
     the number format the policy trains in (hardware.choose_precision: bf16 where native, else fp16 on a GPU, fp32 on
     a CPU)."""
     step_flops = flops.train_step_flops(AirNet(widths), batch_size) * steps
     precision = hardware.number_format(hardware.choose_precision(info=info))  # the format the policy trains in
     rate = flops.achieved(step_flops, epoch_s, info, precision)
-    peak = (f"{rate['fraction_of_peak']:.1%} of the {rate['peak_text']}" if rate["peak_tflops"] else rate["peak_text"])
+    peak = f"{rate.fraction_of_peak:.1%} of the {rate.peak_text}" if rate.peak_tflops else rate.peak_text
     # in the unit that reads best: '290 GFLOP per epoch in 1.78 s: 163 GFLOP/s' on a CPU, TFLOP on a GPU
     count = flop_rate(step_flops).removesuffix("/s")
-    text = f"{count} per epoch in {duration(epoch_s)}: {flop_rate(rate['tflops'] * 1e12)}, {peak}"
-    return {"tflop_per_epoch": step_flops / 1e12, **rate, "text": text}
+    text = f"{count} per epoch in {duration(epoch_s)}: {flop_rate(rate.tflops * 1e12)}, {peak}"
+    return FlopSummary(step_flops / 1e12, **dataclasses.asdict(rate), text=text)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import re
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -78,7 +79,17 @@ def peak_text(info: dict | None = None, precision: str = "bf16") -> str:
     return peak(info, precision)[1]
 
 
-def achieved(flops: float, seconds: float, info: dict | None = None, precision: str = "bf16") -> dict:
+@dataclass(frozen=True)
+class Achieved:
+    """A rate achieved against the data sheet: TFLOP/s, the dense peak in the number format (None: none known, so
+    no fraction is guessed), the fraction of it, and the peak in words (naming its source, or why there is none)."""
+    tflops: float
+    peak_tflops: float | None
+    fraction_of_peak: float | None
+    peak_text: str
+
+
+def achieved(flops: float, seconds: float, info: dict | None = None, precision: str = "bf16") -> Achieved:
     """Achieved TFLOP/s for `flops` done in `seconds`, and its fraction of the dense peak in `precision` if known."""
     tflops, (top, text) = flops / seconds / 1e12, peak(info, precision)
-    return {"tflops": tflops, "peak_tflops": top, "fraction_of_peak": tflops / top if top else None, "peak_text": text}
+    return Achieved(tflops, top, tflops / top if top else None, text)

@@ -138,7 +138,7 @@ def part_b(module, dm, report, *, seeds, epochs, precision, deadline, head, key=
             figure("accuracy", pct(r.acc for r in trials), "{:.2f}", " %"),
             figure("time (fit + test)", [r.total_s for r in trials]),
             figure("trainer.fit", [r.fit_s for r in trials]), figure("trainer.test", [r.test_s for r in trials]),
-            f"- {flops['text']} (median epoch after the first, last run)"])
+            f"- {flops.text} (median epoch after the first, last run)"])
 
     # warm-up seed 1000: compilation, cuDNN autotuning
     trials = experiments.seed_runs(module, dm, seeds=seeds, epochs=epochs, precision=precision, warmup_seed=1000,

@@ -52,5 +52,5 @@ def test_every_row_is_dense_sourced_and_ordered_sensibly():
     t4 = {"gpu": "Tesla T4"}
     peak = flops.peak_tflops(t4, "fp16")
     done = flops.achieved(0.1 * peak * 1e12, 1.0, t4, "fp16")  # a tenth of the fp16 peak for one second
-    assert done["fraction_of_peak"] == pytest.approx(0.1) and done["peak_tflops"] == peak and "T4" in done["peak_text"]
-    assert flops.achieved(1e12, 1.0, t4, "bf16")["fraction_of_peak"] is None  # Turing has no bf16: no MFU, no guess
+    assert done.fraction_of_peak == pytest.approx(0.1) and done.peak_tflops == peak and "T4" in done.peak_text
+    assert flops.achieved(1e12, 1.0, t4, "bf16").fraction_of_peak is None  # Turing has no bf16: no MFU, no guess

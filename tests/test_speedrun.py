@@ -205,21 +205,21 @@ def test_flop_summary_counts_an_epoch_and_compares_with_the_policys_precision():
     on an A100; on a CPU (fp32 without native bf16) none, said in words."""
     full = experiments.flop_summary(widths=WIDTHS, batch_size=1024, steps=50_000 // 1024, epoch_s=1.0,
                                     info={"gpu": None})
-    assert 30 < full["tflop_per_epoch"] < 40 and full["tflops"] == pytest.approx(full["tflop_per_epoch"])
-    assert full["fraction_of_peak"] is None and "no fp32 peak known for this CPU" in full["text"]  # it trains fp32
+    assert 30 < full.tflop_per_epoch < 40 and full.tflops == pytest.approx(full.tflop_per_epoch)
+    assert full.fraction_of_peak is None and "no fp32 peak known for this CPU" in full.text  # it trains fp32
     # in human units: the count and the rate in the unit that reads best, the time as a duration, no e-notation
-    assert full["text"].startswith(f"{timing.flop_rate(full['tflop_per_epoch'] * 1e12)[:-2]} per epoch in 1.00 s: "
-                                   f"{timing.flop_rate(full['tflops'] * 1e12)}, ")
+    assert full.text.startswith(f"{timing.flop_rate(full.tflop_per_epoch * 1e12)[:-2]} per epoch in 1.00 s: "
+                                   f"{timing.flop_rate(full.tflops * 1e12)}, ")
     slow = experiments.flop_summary(widths=SMALL, batch_size=64, steps=10, epoch_s=0.0123, info={"gpu": None})
-    assert " GFLOP per epoch in 12.3 ms: " in slow["text"] and "GFLOP/s, " in slow["text"] and "e-" not in slow["text"]
+    assert " GFLOP per epoch in 12.3 ms: " in slow.text and "GFLOP/s, " in slow.text and "e-" not in slow.text
     t4 = {"gpu": "Tesla T4", "bf16_native": False, "compute_capability": "7.5"}
     a100 = {"gpu": "NVIDIA A100-SXM4-80GB", "bf16_native": True, "compute_capability": "8.0"}
     for info, precision in ((t4, "fp16"), (a100, "bf16")):
         got = experiments.flop_summary(widths=SMALL, batch_size=64, steps=10, epoch_s=0.5, info=info)
-        assert got["peak_tflops"] is not None, info  # a listed peak, in the precision the policy picks
-        assert got["fraction_of_peak"] == pytest.approx(got["tflops"] / got["peak_tflops"])
-        assert f"dense {precision}" in got["text"] and f"{got['fraction_of_peak']:.1%}" in got["text"]
-        assert got["tflops"] == pytest.approx(got["tflop_per_epoch"] / 0.5)
+        assert got.peak_tflops is not None, info  # a listed peak, in the precision the policy picks
+        assert got.fraction_of_peak == pytest.approx(got.tflops / got.peak_tflops)
+        assert f"dense {precision}" in got.text and f"{got.fraction_of_peak:.1%}" in got.text
+        assert got.tflops == pytest.approx(got.tflop_per_epoch / 0.5)
 
 
 def test_recipe_is_the_one_source_checkpoints_reload_it_and_lightningcli_sets_its_fields(real, tmp_path):
