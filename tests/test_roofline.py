@@ -179,6 +179,7 @@ def prediction_ceilings(spread: float = 1.0):
     ceil = fake_ceilings()
     ceil.rows["matmul fp32"] = ceilings.Ceiling("matmul fp32", "compute", (1e11, 1e11 / spread))
     ceil.rows["add fresh"] = ceilings.Ceiling("add fresh", "memory", (ceil.bandwidth / 4,))
+    ceil.rows["add reused"] = ceilings.Ceiling("add reused", "memory", (ceil.bandwidth * 1.1,))
     return ceil
 
 
@@ -204,6 +205,10 @@ def test_prediction_exercise_starter_and_shortcuts_fail_and_the_solution_passes(
     # the old hint: DRAM's copy bandwidth for an add into a new output, 4x too fast here, on the steadiest ceilings
     dram = lambda flops, moved, ops, ceil: max(flops / ceil.rate(), moved / ceil.bandwidth, ops * ceil.per_op)  # noqa
     assert graded(dram) is False and graded(dram, prediction_ceilings(spread=1.5)) is False
+    # lesson 00's roofline cell pasted: the add's roof at the rate of an add into a reused output
+    cell_24 = lambda flops, moved, ops, ceil: roofline.bound(  # noqa: E731
+        flops, moved, ops, rate=ceil.rate(), bandwidth=ceil.elementwise(3), per_op=ceil.per_op).predicted
+    assert graded(cell_24) is False
     assert graded(solution("00_setup")["predict_seconds"]) is True
     assert graded(solution("00_setup")["predict_seconds"], prediction_ceilings(spread=1.5)) is True
 
