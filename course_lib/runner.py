@@ -145,7 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--notebooks", default=str((config.repo_root() or Path(".")) / "notebooks"))
     parser.add_argument("--inplace", action="store_true", help="also write outputs back into notebooks/")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds allowed per cell")
+    parser.add_argument("--readme", action="store_true", help="only rewrite the README's lesson table from the "
+                        "lesson specs (course_lib/lessons.py) and the committed runs, then stop")
     args = parser.parse_args(argv)
+    if args.readme:
+        results.replace_block(times_file().parents[2] / "README.md", README_BLOCK, lesson_table(committed_runs()))
+        return 0
     size, machine = config.run_size().name, hardware.label()
     paths = [p for p in lesson_paths(Path(args.notebooks))
              if not args.lessons or any(p.stem.startswith(k) for k in args.lessons)]

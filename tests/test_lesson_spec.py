@@ -44,7 +44,8 @@ def test_notebook_calls_the_checks_its_spec_lists(path):
 
 
 def test_readme_lesson_table_is_the_specs():
-    """The README's lesson block is exactly lesson_table's lines: a topic or status changes in the spec only."""
+    """The README's lesson block is exactly lesson_table's lines: a topic or status changes in the spec only (then
+    `python -m course_lib.runner --readme` rewrites the block)."""
     assert results.read_block(REPO / "README.md", runner.README_BLOCK) == runner.lesson_table(runner.committed_runs())
 
 
