@@ -94,3 +94,14 @@ def test_committed_runs_keep_the_figures_their_specs_name():
         for name in spec.figures:
             assert runs[spec.name].figure(name).value is not None, (spec.name, name)
     assert all(runs["02_lightning"].figure(name).low is not None for name in lessons.TRAINER_ROWS_EPOCHS)
+
+
+def test_spec_targets_name_gpu_check_rows():
+    """Each lesson spec's GPU target compares two rows gpu_check runs (its TARGETS come from the specs)."""
+    from scripts import gpu_check
+
+    rows = {c["name"] for c in gpu_check.configs(64)}
+    for spec in lessons.LESSONS:
+        for target in spec.targets:
+            assert {target.config, target.baseline} <= rows, (spec.name, target)
+    assert [t[0] for t in gpu_check.TARGETS] == [s.number for s in lessons.LESSONS for _ in s.targets]
