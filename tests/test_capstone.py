@@ -231,3 +231,31 @@ def test_seed_loop_warms_up_then_stops_at_the_deadline(monkeypatch):
     done = experiments.seed_loop(lambda s: calls.append(s) or s * 10, [1, 2, 3, 4], warmup=lambda: calls.append("w"),
                                  deadline=10.0, on_run=lambda runs: seen.append(list(runs)))
     assert calls == ["w", 1, 2] and done == [10, 20] and seen == [[10], [10, 20]]
+
+
+def test_part_b_reports_each_seed_and_the_spent_budget(tmp_path, monkeypatch):
+    """gpu_capstone's part (b) through experiments.seed_runs: the warm-up seed first, a table row per finished seed,
+    and a 'time budget spent' line when the deadline stops it (injected runs and clock, nothing trains)."""
+    import types
+
+    from course_lib import experiments, results
+    from scripts import gpu_capstone
+
+    ran = []
+
+    def fake_run(module, dm, *, seed, epochs, precision):
+        ran.append(seed)
+        return experiments.SeedRun(seed, 0.9, 1.0, [0.5, 0.5], 1.2, 0.1, 1.3, 4, torch.zeros(4))
+
+    clock = iter([0.0, 50.0])  # the second seed would start past the deadline
+    monkeypatch.setattr(experiments, "run_seed", fake_run)
+    monkeypatch.setattr(experiments.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(experiments, "flop_summary", lambda **kw: types.SimpleNamespace(text="1 GFLOP per epoch"))
+    module = types.SimpleNamespace(recipe=types.SimpleNamespace(widths=(8, 16, 16), batch_size=4))
+    dm = types.SimpleNamespace(train_dataloader=lambda: [0, 1])
+    report = results.Report(tmp_path / "r.md", "t", order=("b",), info={"gpu": None, "cpu": "X", "cpu_cores": 2})
+    trials = gpu_capstone.part_b(module, dm, report, seeds=[0, 1], epochs=2, precision="32-true", deadline=10.0,
+                                 head=["## (b)"])
+    assert ran == [1000, 0] and [t.seed for t in trials] == [0]
+    text = (tmp_path / "r.md").read_text()
+    assert "| 0 | 90.00% |" in text and "- 1 GFLOP per epoch" in text and "time budget spent after 1 runs" in text
