@@ -46,6 +46,7 @@ def course_recipe(args) -> speedrun.Recipe:
     """speedrun.MUON (or RECORD) at the check's widths and batch; --whiten-bias zero: the course before issue 46's
     fix."""
     extra = {"whiten_bias": args.whiten_bias} if args.whiten_bias else {}
+    extra |= {"whiten_order": args.whiten_order} if args.whiten_order else {}
     base = speedrun.RECORD if args.impl == "record" else speedrun.MUON
     return dataclasses.replace(base, widths=tuple(args.widths), batch_size=args.batch, **extra)
 
@@ -142,6 +143,8 @@ def main() -> int:
     p.add_argument("--epochs", type=float, help="default: the recipe's (MUON's 8, RECORD's 7.59)")
     p.add_argument("--whiten-bias", choices=("zero", "uniform"), help="the course's whitening bias start (default: "
                    "speedrun.MUON's, airbench94_muon's uniform draw; zero: the course before issue 46's fix)")
+    p.add_argument("--whiten-order", choices=("largest", "smallest"), help="the course's whitening filter order "
+                   "(default: speedrun.MUON's, airbench94_muon's smallest eigenvalue first; largest: before the fix)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--runs", type=Path, default=config.build_dir() / "fidelity" / "muon-runs.jsonl")
     p.add_argument("--report", action="store_true", help="write --out from --runs and exit")
@@ -164,7 +167,9 @@ def main() -> int:
     ns_dtype = str(muon.iteration_dtype("cpu")).removeprefix("torch.")
     settings = {"subset": args.subset, "widths": list(args.widths), "batch": args.batch, "epochs": args.epochs,
                 "ns_dtype": ns_dtype, **({"recipe": "record"} if record else {})}
-    impl = f"course (whiten bias {course_recipe(args).whiten_bias})" if args.impl == "course" else args.impl
+    recipe = course_recipe(args)  # rows before issue 46's filter-order fix: 'course (whiten bias ...)' alone
+    impl = (f"course (whiten bias {recipe.whiten_bias}, filters {recipe.whiten_order} first)" if args.impl == "course"
+            else args.impl)
     run = {"course": run_course, "port": run_port, "record": run_course, "record-port": run_record_port}[args.impl]
     run_seeds(dm, args, run, settings, label=impl, impl=impl, threads=torch.get_num_threads())
     return 0
