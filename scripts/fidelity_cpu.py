@@ -1,5 +1,5 @@
 """Is the course's recipe airbench94? The course's SpeedrunModule (Lightning) against a port of airbench94's own
-training loop (scripts/airbench_port.py) on the same images, epochs, batch and seeds, on a CPU, at a reduced size.
+training loop (scripts/ports/airbench_port.py) on the same images, epochs, batch and seeds, on a CPU, at a reduced size.
 
     python -m scripts.fidelity_cpu --impl course --seeds 0 1 2     # one configuration per call, runs one at a time
     python -m scripts.fidelity_cpu --impl port --seeds 0 1 2
@@ -30,7 +30,7 @@ import torch
 from course_lib import config, experiments, hardware, results, speedrun, verdict
 from course_lib.ondevice import SpeedrunDataModule
 from course_lib.timing import DeviceTimer
-from scripts import airbench_port
+from scripts.ports import airbench_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,13 +1,13 @@
 """Is the course's Muon rung airbench94_muon? The course's SpeedrunModule with speedrun.MUON (Lightning) against a
-port of airbench94_muon's own loop (scripts/airbench_muon_port.py) on the same images, epochs, batch and seeds, on a
-CPU, at a reduced size, in fp32 (the Newton-Schulz iteration too: muon.iteration_dtype on this CPU, and the port
+port of airbench94_muon's own loop (scripts/ports/airbench_muon_port.py) on the same images, epochs, batch and seeds,
+on a CPU, at a reduced size, in fp32 (the Newton-Schulz iteration too: muon.iteration_dtype on this CPU, and the port
 told the same).
 
     python -m scripts.fidelity_muon_cpu --impl course --seeds 0 1 2 3    # one configuration per call
     python -m scripts.fidelity_muon_cpu --impl course --whiten-bias zero # the course before issue 46's fix
     python -m scripts.fidelity_muon_cpu --impl port --seeds 0 1 2 3
     python -m scripts.fidelity_muon_cpu --impl record --seeds 0 1 2 3      # speedrun.RECORD against hiverge's
-    python -m scripts.fidelity_muon_cpu --impl record-port --seeds 0 1 2 3 # loop (scripts/hiverge_port.py)
+    python -m scripts.fidelity_muon_cpu --impl record-port --seeds 0 1 2 3 # loop (scripts/ports/hiverge_port.py)
     python -m scripts.fidelity_muon_cpu --report                         # docs/results/fidelity-muon-cpu.md
 
 Every run appends one JSON line to build/fidelity/muon-runs.jsonl; --report compares the two implementations with
@@ -27,8 +27,8 @@ import torch
 
 from course_lib import config, experiments, muon, results, speedrun, verdict
 from course_lib.timing import DeviceTimer
-from scripts import airbench_muon_port, airbench_port, hiverge_port
 from scripts.fidelity_cpu import datamodule, run_seeds
+from scripts.ports import airbench_muon_port, airbench_port, hiverge_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -30,9 +30,9 @@ import torch
 
 from course_lib import experiments, muon, speedrun
 from course_lib.data import to_float
-from scripts import airbench_muon_port as port
-from scripts import airbench_port
 from scripts.fidelity_cpu import datamodule
+from scripts.ports import airbench_muon_port as port
+from scripts.ports import airbench_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -23,9 +23,9 @@ Order, most important first; the results file is rewritten after every run, so a
   (c) the plain-PyTorch twin (experiments.compare_twin) per seed, same timing, after its own warm-up;
   (e) airbench94_muon.py from build/carry (sha256-checked): its CifarNet compiled as its __main__ does, a warm-up,
       then main() per seed, timed by its own CUDA events (batch 2000, 8 epochs, TTA); the dry run trains the port
-      (scripts/airbench_muon_port.py) on the CPU instead, airbench94_muon's loop being CUDA-only;
+      (scripts/ports/airbench_muon_port.py) on the CPU instead, airbench94_muon's loop being CUDA-only;
   (f) SpeedrunModule with speedrun.MUON (the course's Muon rung), as (b);
-  (g) hiverge's record loop, as scripts/hiverge_port.py ports it (cifar10_speedrun.py at 5cd49b1): fp16 weights,
+  (g) hiverge's record loop, as scripts/ports/hiverge_port.py ports it (cifar10_speedrun.py at 5cd49b1): fp16 weights,
       channels_last, batch 1536, 7.59 epochs, selective TTA, after an untimed warm-up; on the CPU in a dry run;
   (h) SpeedrunModule with speedrun.RECORD (the course's record rung), as (b);
   (d) while --budget lasts: scripts/gpu_check.py's lesson 03-05 configurations (target pairs first), then lesson
@@ -52,7 +52,8 @@ import torch
 from course_lib import config, experiments, hardware, models, muon, results, sources, speedrun, timing, verdict
 from course_lib.ondevice import SpeedrunDataModule
 from course_lib.sources import ImageFolderSource, open_source
-from scripts import airbench_carry, airbench_muon_port, airbench_port, hiverge_port, lesson_checks
+from scripts import airbench_carry, lesson_checks
+from scripts.ports import airbench_muon_port, airbench_port, hiverge_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -192,8 +193,8 @@ def part_e(args, dm, report, *, deadline, dry, widths, batch, epochs) -> list[di
         report.set("e", head + ["", "(running)"])
         return airbench_carry.run_muon(ab, config.build_dir() / "capstone" / "airbench", args.seeds_list, deadline,
                                        on_run=show, compile_mode=args.muon_compile)
-    head[-1] = (f"Dry run: airbench94_muon's loop is CUDA-only, so its port (scripts/airbench_muon_port.py) trains "
-                f"instead, on the CPU: widths {widths}, batch {batch}, {epochs} epochs, fp32, "
+    head[-1] = (f"Dry run: airbench94_muon's loop is CUDA-only, so its port (scripts/ports/airbench_muon_port.py) "
+                f"trains instead, on the CPU: widths {widths}, batch {batch}, {epochs} epochs, fp32, "
                 f"{muon.describe(muon.iteration_dtype('cpu'))}. Time: whitening + training + TTA.")
     trials = []
     for seed in args.seeds_list:
@@ -211,8 +212,8 @@ def part_g(dm, report, *, seeds, deadline, gpu, widths, batch, epochs) -> list[d
     """hiverge's record loop (its port) on the course's images: fp16 + channels_last on a GPU, fp32 on a CPU."""
     dtype, device = (torch.float16, "cuda") if gpu else (torch.float32, "cpu")
     head = ["## (g) hiverge's record (its port)", "",
-            f"scripts/hiverge_port.py (cifar10_speedrun.py at 5cd49b1, github.com/hiverge/cifar10-speedrun): widths "
-            f"{widths}, batch {batch}, {epochs} epochs, {str(dtype).removeprefix('torch.')} weights"
+            f"scripts/ports/hiverge_port.py (cifar10_speedrun.py at 5cd49b1, github.com/hiverge/cifar10-speedrun): "
+            f"widths {widths}, batch {batch}, {epochs} epochs, {str(dtype).removeprefix('torch.')} weights"
             f"{', channels_last' if gpu else ''}, Newton-Schulz in the same dtype, selective TTA on the least "
             f"confident quarter; not compiled. Time: whitening + training + TTA, after one untimed warm-up run."]
     timer, trials = timing.DeviceTimer(device), []

@@ -1,5 +1,5 @@
-"""The course's recipe is airbench94's: piece by piece against a port of airbench94 (scripts/airbench_port.py), and a
-whole training run on the same batches from the same initial weights. docs/results/fidelity-cpu.md compares the
+"""The course's recipe is airbench94's: piece by piece against a port of airbench94 (scripts/ports/airbench_port.py),
+and a whole training run on the same batches from the same initial weights. docs/results/fidelity-cpu.md compares the
 two statistically, with augmentation and at a larger size."""
 import math
 
@@ -10,7 +10,7 @@ from course_lib import optim, speedrun
 from course_lib.data import to_float
 from course_lib.models import AirNet, init_whitening
 from course_lib.speedrun import Recipe
-from scripts import airbench_port as ab
+from scripts.ports import airbench_port as ab
 
 SMALL = (8, 16, 16)
 

@@ -10,7 +10,7 @@ from torch import nn
 from course_lib import hardware, muon, optim, speedrun
 from course_lib.data import to_float
 from course_lib.ondevice import DeviceBatches
-from scripts import airbench_muon_port as port
+from scripts.ports import airbench_muon_port as port
 
 SHAPES = [(16, 216), (32, 288), (64, 32), (48, 48 * 9)]  # flattened conv banks (out, in x 9), a tall matrix
 
@@ -253,7 +253,7 @@ def test_muon_whitening_filters_sit_where_airbench94_muons_do():
     widths[0] of the 24 whitening channels, so at widths (16, ...) it decides which directions reach the net with both
     signs. Issue 46: speedrun.MUON put the largest first until the gap was looked for. Each filter position holds the
     port's filter (up to the pair's sign, which eigh leaves to LAPACK); hiverge's record keeps the largest first."""
-    from scripts import hiverge_port
+    from scripts.ports import hiverge_port
     torch.manual_seed(0)
     images = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8)
     images[:, 1] = images[:, 0] // 2 + images[:, 1] // 2  # correlated channels: distinct eigenvalues, a clear order
@@ -305,8 +305,8 @@ def test_lightning_trains_as_airbench94_muons_loop_from_one_start(hardware_class
     size rounding has not yet grown, as it does over longer runs: the stage check's nudged row)."""
     from course_lib import experiments
     from course_lib.ondevice import SpeedrunDataModule
-    from scripts import airbench_port
     from scripts import fidelity_muon_stages as stages
+    from scripts.ports import airbench_port
 
     hardware_class("cpu-avx2")
     dm = SpeedrunDataModule(image_folder=str(tiny_folder), data_dir=str(session_data_root), batch_size=20, seed=0,

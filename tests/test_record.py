@@ -1,5 +1,5 @@
 """The record rung (issue 46, part 2): hiverge's changes in course_lib against the same pieces of
-scripts/hiverge_port.py: the batched Newton-Schulz, the vectorised Muon with periodic rescaling and decay, the
+scripts/ports/hiverge_port.py: the batched Newton-Schulz, the vectorised Muon with periodic rescaling and decay, the
 jitter, the SiLU groups and selective TTA. No training: each piece on small tensors."""
 import copy
 import dataclasses
@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from course_lib import muon, speedrun, tta
-from scripts import hiverge_port as port
+from scripts.ports import hiverge_port as port
 
 SHAPES = [(8, 24, 3, 3), (16, 8, 3, 3), (16, 16, 3, 3)]  # conv banks of a small AirNet, different sizes
 
