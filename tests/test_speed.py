@@ -396,14 +396,14 @@ def test_rows_table_renders_any_rows_as_a_table(monkeypatch, capsys):
 
 def test_measures_reads_recorded_figures_in_human_units():
     """bench.measures: a recorded figure's name with its note, and its value as a whole number or a plain number with
-    its unit: '1 op or fused C++ kernels', never '1 ops'; '8 ops'; '9.65 s'; a share as the lesson recorded it."""
+    its unit: '1 op or fused C++ kernel', never '1 ops'; '8 ops'; '9.65 s'; a share as the lesson recorded it."""
     saved = [{"name": "kernels", "value": 1.0, "unit": "ops or fused C++ kernels", "note": ""},
              {"name": "eager ops", "value": 8.0, "unit": "ops", "note": "GELU"},
              {"name": "compile time", "value": 9.6543, "unit": "s", "note": "cold cache"},
              {"name": "accuracy", "value": 59.37, "unit": "%", "note": ""},
              {"name": "images", "value": 50000.0, "unit": "", "note": ""}]
     assert bench.measures(saved) == [
-        {"measure": "kernels", "value": "1 op or fused C++ kernels"},
+        {"measure": "kernels", "value": "1 op or fused C++ kernel"},
         {"measure": "eager ops (GELU)", "value": "8 ops"},
         {"measure": "compile time (cold cache)", "value": "9.65 s"},
         {"measure": "accuracy", "value": "59.4 %"},
