@@ -67,7 +67,9 @@ def link(allreduce_s: dict, world: int, nbytes: float | None = None) -> tuple[fl
     memory's, gloo's bandwidth depends on the message's size, so the model reads it at the gradients' own."""
     small = min(allreduce_s)
     size = max(allreduce_s) if nbytes is None else min(allreduce_s, key=lambda b: abs(b - nbytes))
-    latency = allreduce_s[small]
+    latency = min(allreduce_s[small], allreduce_s[size])  # no message takes less than a call: a slow tiny one was noise
+    if allreduce_s[size] <= latency:  # the nearest size measured no slower than a call: read bandwidth at the largest
+        size = max(allreduce_s)
     return latency, ring_bytes(size, world) / max(allreduce_s[size] - latency, 1e-12)
 
 

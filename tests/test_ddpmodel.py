@@ -16,6 +16,14 @@ def test_ring_bytes_and_the_link_from_two_sizes():
     assert ddpmodel.link(times, 2)[1] == pytest.approx(2e9)  # no size named: the largest
 
 
+def test_a_tiny_all_reduce_slower_than_the_gradients_one_is_not_the_latency():
+    """A noisy 4-byte call (slower than the gradients' all-reduce) neither sets the latency nor makes the bandwidth
+    infinite: the latency is the faster of the two, and the bandwidth is read at the largest size."""
+    times = {4: 3e-3, 250_000: 2e-4, 2**24: 2e-4 + 2**24 / 2e9}
+    latency, bandwidth = ddpmodel.link(times, 2, nbytes=248_000)
+    assert latency == pytest.approx(2e-4) and bandwidth == pytest.approx(2e9)
+
+
 def test_prediction_adds_sharing_latency_and_bytes():
     m = ddpmodel.predict(0.010, 250_000, 2, latency=1e-4, bandwidth=1e9, beside_ratio=1.3)
     assert m["parts"]["sharing the cores"] == pytest.approx(0.003)

@@ -91,9 +91,9 @@ def test_lesson_tables_have_at_most_six_columns(path):
     """Markdown tables and the committed outputs' printed tables: at most MAX_TABLE_COLUMNS columns."""
     wide = []
     for i, cell in enumerate(json.loads(path.read_text())["cells"]):
-        texts = ["".join(cell["source"])] if cell["cell_type"] == "markdown" else [
-            "".join(out.get("text", "")) + "".join(out.get("data", {}).get("text/plain", ""))
-            + "".join(out.get("data", {}).get("text/markdown", "")) for out in cell.get("outputs", [])]
+        texts = ["".join(cell["source"])] if cell["cell_type"] == "markdown" else [  # each text on its own lines
+            "\n".join(("".join(out.get("text", "")), "".join(out.get("data", {}).get("text/plain", "")),
+                       "".join(out.get("data", {}).get("text/markdown", "")))) for out in cell.get("outputs", [])]
         wide += [f"cell {i}: {n} columns" for text in texts for n in table_widths(text) if n > MAX_TABLE_COLUMNS]
     assert not wide, "split the table or plot it: " + "; ".join(sorted(set(wide)))
 

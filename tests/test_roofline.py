@@ -263,3 +263,10 @@ def test_kernel_bound_ops_get_their_floor_at_their_shapes():
     pool = roofline.Op("max_pool2d_with_indices", 0, 10**3, fresh=10**3, floor=1e-3)
     assert roofline.op_bound(conv, ceil).seconds["compute"] == pytest.approx(1e-3 - 1e-6)
     assert roofline.op_bound(pool, ceil).seconds["memory"] == pytest.approx(1e-3 - 1e-6)
+
+
+def test_only_tanh_is_held_to_the_tanh_rate():
+    """Lesson 00 measures tanh's rate, which bounds tanh alone: GELU's kernels (and tanh's backward, a multiply-add)
+    are elementwise, held to their bytes."""
+    ops = [roofline.Op(name=n, flops=1, bytes=8) for n in ("tanh", "tanh_", "gelu", "gelu_backward", "tanh_backward")]
+    assert [roofline.op_class(o) for o in ops] == ["transcendental"] * 2 + ["elementwise"] * 3
