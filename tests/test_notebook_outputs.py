@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from course_lib import verdict
+
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 # what a reader of the committed outputs should never see, and why
@@ -113,9 +115,12 @@ def seconds(duration: str) -> float:
 
 
 def layer_rows_above_their_roof(text: str) -> list[str]:
-    """The per-layer rows in `text` whose predicted time is above the measured one: a layer faster than its roof."""
-    return ([m.group(0) for m in LAYER_ROW.finditer(text) if float(m.group(2)) > float(m.group(3))]
-            + [m.group(0) for m in LAYER_CELLS.finditer(text) if seconds(m.group(2)) > seconds(m.group(3))])
+    """The per-layer rows in `text` whose predicted time is above the measured one by verdict.MIN_EFFECT (5 %) or more:
+    a layer faster than its roof. The table sets a median of the layer against its kernel's floor timed apart (best of
+    its blocks), so a smaller gap is what the course calls no practical difference, not a ceiling measured too low."""
+    above = lambda predicted, measured: predicted > measured * (1 + verdict.MIN_EFFECT)  # noqa: E731
+    return ([m.group(0) for m in LAYER_ROW.finditer(text) if above(float(m.group(2)), float(m.group(3)))]
+            + [m.group(0) for m in LAYER_CELLS.finditer(text) if above(seconds(m.group(2)), seconds(m.group(3)))])
 
 
 def test_the_layer_check_finds_a_layer_above_its_roof():
@@ -124,7 +129,8 @@ def test_the_layer_check_finds_a_layer_above_its_roof():
             "groups.0.conv2 (Conv2d)               265.4    3.52   compute     0.644      0.770 ( 4%)"]
     assert [r.rstrip("(") for r in layer_rows_above_their_roof("\n".join(rows))] == [rows[0][:rows[0].index("(1")]]
     shown = ["| groups.1.conv2 (Conv2d) | 924.8 | 3.13 | compute | 2.25 ms | 1.91 ms (11%) |",
-             "| head (Linear) | 0.3 | 0.04 | overhead | 3.00 µs | 22.0 µs (0%) |"]  # as displayed since issue 47
+             "| head (Linear) | 0.3 | 0.04 | overhead | 3.00 µs | 22.0 µs (0%) |",  # as displayed since issue 47
+             "| groups.2.conv2 (Conv2d) | 169.9 | 0.63 | compute | 348 µs | 339 µs (2%) |"]  # 2.7 %: under 5 %
     assert [r.rstrip("(") for r in layer_rows_above_their_roof("\n".join(shown))] == [shown[0][:shown[0].index("(1")]]
 
 
