@@ -62,9 +62,10 @@ def measure(world: int = 2, sizes: tuple[int, ...] = SIZES, repeats: int = REPEA
 
 
 def link(allreduce_s: dict, world: int, nbytes: float | None = None) -> tuple[float, float]:
-    """(latency s, bandwidth bytes/s): the smallest all-reduce is all latency; the bandwidth is what the measured
-    size nearest `nbytes` (the largest when None) got beyond it, 2(N-1)/N of its bytes per process (a ring). Like
-    memory's, gloo's bandwidth depends on the message's size, so the model reads it at the gradients' own."""
+    """(latency s, bandwidth bytes/s): the latency is the smallest all-reduce's time, or the faster time of the size
+    nearest `nbytes` (the largest when None) where that one came out faster; the bandwidth is what that size got beyond
+    the latency (the largest size's where it got nothing), 2(N-1)/N of its bytes per process (a ring). Like memory's,
+    gloo's bandwidth depends on the message's size, so the model reads it at the gradients' own where it can."""
     small = min(allreduce_s)
     size = max(allreduce_s) if nbytes is None else min(allreduce_s, key=lambda b: abs(b - nbytes))
     latency = min(allreduce_s[small], allreduce_s[size])  # no message takes less than a call: a slow tiny one was noise
