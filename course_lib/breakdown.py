@@ -23,8 +23,8 @@ OVERHEAD = (("loader", "enumerate(DataLoader)"), ("optimiser (Python)", "Optimiz
 PYTHON = "Python between ops"  # the step's time outside every recorded event: the interpreter, module calls
 CAUSES = {  # why a row takes longer than the model allows, as the sentence says it
     "compute": "the step runs it slower than it ran alone",
-    "memory": "its kernel, not the bytes it moves, sets its time",
-    "overhead": "its fixed cost per call exceeds the measured per-op cost",
+    "memory": "its kernel, not its bytes, sets its time",
+    "overhead": "its fixed cost per call is above the per-op cost",
     "loader": "each batch is fetched and collated in Python",
     "optimiser (Python)": "the optimiser loops over the parameters in Python",
     "autograd engine": "backward's bookkeeping per op, not in the per-op cost",
@@ -138,13 +138,14 @@ def reconcile(bd: Breakdown) -> str:
 
 
 def sentence(bd: Breakdown) -> str:
-    """One line (<= 120 characters): the row with the largest gap between measured and modelled time, and why."""
+    """One whole line (<= SENTENCE_CHARS): the row with the largest gap between measured and modelled time, its
+    efficiency and why; the longest of these that fits, dropping the efficiency, then the cause (never a cut word)."""
     r = max(bd.rows, key=lambda r: r["gap"])
     why = CAUSES.get(r["name"]) or CAUSES[r["kind"]]
-    eff = f", at {r['bound'] / r['measured']:.0%} of its bound" if r["calls"] else ""
-    line = f"Largest gap: {r['name']}, {timing.duration(r['gap'])} a step over the model{eff}: {why}"
-    short = f"Largest gap: {r['name']}, {timing.duration(r['gap'])} a step over the model: {why}"
-    return line if len(line) <= SENTENCE_CHARS else short[:SENTENCE_CHARS]
+    head = f"Largest gap: {r['name']}, {timing.duration(r['gap'])} a step over the model"
+    eff = f", at {r['bound'] / r['measured']:.0%} of its bound" if r["calls"] and r["measured"] else ""
+    fits = [line for line in (f"{head}{eff}: {why}", f"{head}: {why}", f"{head}{eff}") if len(line) <= SENTENCE_CHARS]
+    return fits[0] if fits else head
 
 
 def show(bd: Breakdown, top: int = 5) -> None:

@@ -105,12 +105,15 @@ class Ceilings:
     def rate(self, fmt: str = "fp32") -> float:
         """Measured FLOP/s of products in `fmt` (fp32, tf32, bf16, fp16, int8): the faster of the square matmul and,
         where measured, ResNet-9's convolution (oneDNN's can beat the BLAS); a clear error for a format not measured."""
-        key = f"matmul {fmt}"
-        if key not in self.rows:
+        if f"matmul {fmt}" not in self.rows:
             have = [k.split()[1] for k in self.rows if k.startswith("matmul ")]
             raise KeyError(f"No {fmt} matmul ceiling on {self.hardware} ({self.device}): it is not native here. "
                            f"Measured formats: {have}. Use one of them.")
-        return max(self.rows[name].best for name in (key, f"conv {fmt}") if name in self.rows)
+        return self.rows[self.rate_row(fmt)].best
+
+    def rate_row(self, fmt: str = "fp32") -> str:
+        """The ceiling rate(fmt) takes: "matmul <fmt>" or, where it measured faster, "conv <fmt>"."""
+        return max((n for n in (f"matmul {fmt}", f"conv {fmt}") if n in self.rows), key=lambda n: self.rows[n].best)
 
     bandwidth = property(lambda self: self.rows["memory"].best, doc="Best sustained DRAM bandwidth, bytes/s.")
     per_op = property(lambda self: self.rows["per op"].best, doc="Lowest measured fixed cost of one op, seconds.")

@@ -18,6 +18,7 @@ from .ceilings import NOISY, RETRIES
 from .internals import TorchDispatchMode  # the hook that sees every aten op; torch names it only privately
 
 NO_TRAFFIC = ("empty", "detach", "lift_fresh", "alias", "_record_function")  # allocate, relabel or mark: no data
+GATHERS = ("index", "index_select", "gather", "take", "embedding")  # read only the rows they gather from arg 0
 POOLING = ("max_pool", "avg_pool", "adaptive_max_pool", "adaptive_avg_pool")  # kernel-bound, not bytes-bound
 FLOOR_SECONDS = {"smoke": 0.02, "full": 0.1}  # timed seconds per distinct op and shape (a few blocks)
 FLOOR_PASSES = 2  # passes over a step's kernel-bound ops; each op keeps its fastest block of all of them
@@ -95,6 +96,9 @@ class _OpRecorder(TorchDispatchMode):
             return out
         ins = _tensors([*args, *(v for k, v in kwargs.items() if k != "out")])
         outs = _tensors([out])
+        read = sum(t.numel() * t.element_size() for t in ins)
+        if name in GATHERS and isinstance(args[0], torch.Tensor):  # a gather reads the rows it writes, not its source
+            read += min(0, sum(t.numel() * t.element_size() for t in outs) - args[0].numel() * args[0].element_size())
         packet = func.overloadpacket  # the op family FlopCounterMode keys its formulas by
         if packet in flop_registry:
             flops = flop_registry[packet](*args, **kwargs, out_val=out)
@@ -104,7 +108,7 @@ class _OpRecorder(TorchDispatchMode):
         matmul = packet in flop_registry
         if self.floors and kernel_bound(name, matmul) and fresh and all(t.device.type != "meta" for t in ins):
             self.calls[len(self.ops)] = (func, args, kwargs)
-        self.ops.append(Op(name, int(flops), sum(t.numel() * t.element_size() for t in ins + outs), matmul, fresh))
+        self.ops.append(Op(name, int(flops), read + sum(t.numel() * t.element_size() for t in outs), matmul, fresh))
         return out
 
 

@@ -116,9 +116,12 @@ def explain(name: str, counts: Counts, ceil: ceilings.Ceilings, measured: list[f
 
 def achieved(counts: Counts, seconds: float, ceil: ceilings.Ceilings, fmt: str = "fp32") -> dict:
     """Achieved FLOP/s of the matrix products and convolutions in `counts` (FlopCounterMode's total, as MFU counts)
-    done in `seconds`, and its fraction of the measured matmul ceiling in `fmt`."""
-    rate = counts.matmul_flops / seconds
-    return {"flops_per_s": rate, "fraction_of_ceiling": rate / ceil.rate(fmt)}
+    done in `seconds`, its fraction of the measured products' ceiling in `fmt` (Ceilings.rate) and that ceiling's
+    name ("bf16 convolution ceiling": the faster of the square matmul and the models' convolution, which rate takes)."""
+    rate, row = counts.matmul_flops / seconds, ceil.rows[ceil.rate_row(fmt)]
+    kind = "convolution" if row.name.startswith("conv") else "matmul"
+    return {"flops_per_s": rate, "fraction_of_ceiling": rate / ceil.rate(fmt),
+            "ceiling": f"{fmt} {kind} ceiling"}
 
 
 def layers(net: torch.nn.Module, x: torch.Tensor, ceil: ceilings.Ceilings, fmt: str = "fp32",

@@ -78,5 +78,6 @@ def test_the_product_rate_is_the_faster_of_the_matmul_and_the_convolution():
     assert c.rate("fp32") == pytest.approx(1e11)  # no convolution measured: the matmul's
     c.rows["conv fp32"] = row("conv fp32", "compute", 1.2e11)
     assert c.rate("fp32") == pytest.approx(1.2e11) and c.formats() == ["fp32"]
+    assert c.rate_row("fp32") == "conv fp32"  # the label names the ceiling rate takes (lesson 08's line)
     c.rows["conv fp32"] = row("conv fp32", "compute", 0.8e11)
-    assert c.rate("fp32") == pytest.approx(1e11)
+    assert c.rate("fp32") == pytest.approx(1e11) and c.rate_row("fp32") == "matmul fp32"

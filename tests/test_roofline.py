@@ -50,6 +50,13 @@ def test_elementwise_op_is_one_flop_per_element_and_reads_and_writes_each_once()
     assert roofline.count(lambda: torch.add(x, y, out=out)).bytes == 3 * 1000 * F32  # out= counted once
 
 
+def test_a_gather_reads_the_rows_it_gathers_not_its_whole_source():
+    images, idx = torch.zeros(1000, 3, 8, 8, dtype=torch.uint8), torch.randint(0, 1000, (16,))
+    rows = 16 * 3 * 8 * 8  # bytes of the batch gathered (uint8)
+    for gather in (lambda: images[idx], lambda: images.index_select(0, idx)):  # a loader's batch from a uint8 set
+        assert roofline.count(gather).bytes == 2 * rows + idx.nbytes  # rows read, rows written, the indices
+
+
 def test_fused_chain_moves_only_its_input_and_output():
     x = torch.randn(4096)
     eager = roofline.count(lambda: F.gelu(x * 2 + 1))  # three ops, each reads and writes 4096 floats
