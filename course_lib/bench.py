@@ -170,7 +170,7 @@ def table(rows: list[dict], fields: list[str] | None = None) -> str:
     lines += ["| " + " | ".join(_cell(r, c) for c in cols) + " |" for r in rows]
     shared = [f"{k} {rows[0][k]}" for k in SHARED if k not in cols and k in rows[0]
               and all(r.get(k) == rows[0][k] for r in rows)]
-    every = f"Every row: {', '.join(shared)}. " if shared else ""
+    every = f"Every row: {', '.join(shared)}.\n" if shared else ""  # its own line: 120 chars at most
     return "\n".join(lines) + f"\n\n{every}Hardware: {hardware.label()}; size {config.run_size().name}"
 
 

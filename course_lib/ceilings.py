@@ -146,6 +146,17 @@ class Ceilings:
         """The matmul formats measured here, in the order measured."""
         return [k.split()[1] for k in self.rows if k.startswith("matmul ")]
 
+    def table(self) -> list[dict]:
+        """One row per ceiling for bench.show_rows: its best sustained figure, the median and range of its blocks
+        (3 significant figures) and what was timed, a noisy one flagged."""
+        def row(c: Ceiling) -> dict:
+            scale, unit = UNITS.get(c.kind, UNITS["memory"])
+            lo, hi = (verdict.number(v / scale) for v in (min(c.values), max(c.values)))
+            return {"ceiling": c.name, "best sustained": f"{verdict.number(c.best / scale)} {unit}",
+                    "median (blocks: range)": f"{verdict.number(c.median / scale)} ({len(c.values)}: {lo}-{hi})"
+                    + (" NOISY" if noisy(c) else ""), "what was timed": c.note.removeprefix("; ")}
+        return [row(c) for c in self.rows.values()]
+
     def lines(self) -> list[str]:
         """One line per ceiling, with its spread, under a line naming hardware, device and size."""
         head = f"ceilings of {self.hardware} on {self.device} ({self.size} size, {self.threads} threads):"
