@@ -33,7 +33,8 @@ EXERCISES = {
     "08": (exercises.check_08_batch_augment, 2, "augment"),
 }
 #: the prediction each lesson's exercise asks for first, passed after the check's inputs (the solution's, the starter's)
-PREDICTORS = {"01": "predict_speedup", "04": "predict_time_ratio", "05": "predict_speedup", "07": "predict_speedup"}
+PREDICTORS = {"01": "predict_speedup", "02": "predict_step_seconds", "03": "predict_batch_seconds",
+              "04": "predict_time_ratio", "05": "predict_speedup", "07": "predict_speedup", "08": "predict_speedup"}
 
 
 def graded(lesson: str, fn, inputs: tuple, *, time_failing: bool) -> tuple[bool | None, list[dict], str]:

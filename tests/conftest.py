@@ -62,7 +62,8 @@ def pytest_configure(config):
 # the tests that train (Trainer.fit), start a Python process (subprocess, spawned workers, torchrun) or take seconds
 # for another reason. SlowGuard fails a fast-tier test that trains or starts a Python process, naming this list.
 SLOW = tuple(f"tests/{path}" for path in [  # whole files
-    "test_classes.py", "test_cli_output.py", "test_cli_robust.py", "test_exercises.py", "test_gpu_fork_rule.py",
+    "test_classes.py", "test_cli_output.py", "test_cli_robust.py", "test_exercise_pastes.py", "test_exercises.py",
+    "test_gpu_fork_rule.py",
     "test_gpu_fp16.py", "test_gpu_ondevice.py", "test_gpu_syncs.py", "test_gpu_tf32.py", "test_repro.py",
     "test_resume.py", "test_site.py",
 ]) + tuple(f"tests/{path}::{name}" for path, names in {  # tests, by name or name prefix

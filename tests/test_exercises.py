@@ -72,9 +72,12 @@ def test_01_solution_measured():
 
 def test_03_solution_measured():
     # the data wait is a fraction of one run's own time, but a busy core still lengthens it (CI missed the lesson's
-    # 35 % once): here a bar only a pipeline that starves the step can miss; the lesson grades its own in make course
-    assert exercises.check_03_data_wait(solution("03_gpu_and_data")["make_data"], target=GENEROUS,
-                                        max_wait=0.9) is True
+    # 35 % once): here a bar only a pipeline that starves the step can miss; the lesson grades its own in make course.
+    # The prediction is graded with injected rounds in tests/test_exercise_pastes.py (a loaded machine moves it)
+    grading = Grading()
+    exercises.check_03_data_wait(solution("03_gpu_and_data")["make_data"], target=GENEROUS, max_wait=0.9,
+                                 grading=grading)
+    assert [g["passed"] for g in grading.grades] == [True]
 
 
 def test_04_starter_pastes_and_shortcuts_fail_and_the_solution_passes():
@@ -166,4 +169,7 @@ def test_07_solution_measured_through_a_trained_network():
 
 
 def test_08_solution_measured():
-    assert exercises.check_08_batch_augment(solution("08_capstone")["augment"], target=GENEROUS) is True
+    """The measured bar; the prediction is graded with injected times in tests/test_exercise_pastes.py."""
+    grading = Grading()
+    exercises.check_08_batch_augment(solution("08_capstone")["augment"], target=GENEROUS, grading=grading)
+    assert [g["passed"] for g in grading.grades] == [True]

@@ -9,6 +9,7 @@ at a target ratio). In a notebook it is two cells: `# EXERCISE <n>` holding the 
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -21,10 +22,11 @@ from .. import verdict
 
 @dataclass
 class Grading:
-    """How the checks grade, and what they graded: every grade() as a dict in `grades` (name, ratio, low, high,
-    rounds, past, target, passed, what, hardware). time_failing=True lets a check time code whose mechanism fails
-    (how scripts/exercise_margins.py times starters). Each check takes one (keyword `grading`) and makes a fresh one
-    when given none: nothing is kept between checks unless the caller holds it."""
+    """How the checks grade, and what they graded: every grade() as a dict in `grades` (name, ratio, mine: the
+    median of the learner's costs, low, high, rounds, past, target, passed, what, hardware). time_failing=True lets a
+    check time code whose mechanism fails (how scripts/exercise_margins.py times starters). Each check takes one
+    (keyword `grading`) and makes a fresh one when given none: nothing is kept between checks unless the caller
+    holds it."""
     time_failing: bool = False
     grades: list[dict] = field(default_factory=list)
 
@@ -41,7 +43,8 @@ class Grading:
             raise ValueError(f"{name}: every {what} must be positive, got baseline {base}, yours {mine}.")
         ratio = statistics.median(base) / statistics.median(mine)
         got = verdict.against([b / m for b, m in zip(base, mine)], target, value=ratio)
-        self.grades.append({"name": name, "ratio": ratio, "low": got.low, "high": got.high, "rounds": got.rounds,
+        self.grades.append({"name": name, "ratio": ratio, "mine": statistics.median(mine), "low": got.low,
+                            "high": got.high, "rounds": got.rounds,
                             "past": got.past, "target": target, "passed": got.met, "what": what, "hardware": hardware})
         where = f" on {hardware}" if hardware else ""
         straddle = "; the rounds straddle the target (a busy machine?): re-run to confirm" if got.straddles else ""
@@ -134,16 +137,19 @@ def prediction_tolerance(ceil, names: tuple[str, ...] = ("matmul fp32", "memory"
     return MODEL_FACTOR * max(spreads, default=1.0)
 
 
-def grade_prediction(name: str, predicted, measured: float, tolerance: float, what: str = "speed-up") -> bool:
-    """The learner's prediction against their own measurement: passes within `tolerance` either way (no clock)."""
-    ok = isinstance(predicted, (int, float)) and not isinstance(predicted, bool) and predicted > 0
+def grade_prediction(name: str, predicted, measured: float, tolerance: float, what: str = "speed-up",
+                     shown: Callable[[float], str] = lambda v: f"{v:.3g}x") -> bool:
+    """The learner's prediction against their own measurement: passes within `tolerance` either way (no clock).
+    shown: how a value prints (a speed-up as '3.1x'; timing.duration for seconds)."""
+    ok = isinstance(predicted, (int, float)) and not isinstance(predicted, bool) and math.isfinite(predicted) \
+        and predicted > 0
     if not ok:
         print(f"{name} (prediction): write your predicted {what} as a positive number before you measure; got "
               f"{predicted!r}")
         return False
     ratio = max(predicted / measured, measured / predicted)
     passed = ratio <= tolerance
-    print(f"{name} (prediction): {'passed' if passed else 'not yet'}: predicted {predicted:.3g}x, measured "
-          f"{measured:.3g}x ({ratio:.2f}x apart, tolerance {tolerance:.2f}x)")
+    print(f"{name} (prediction): {'passed' if passed else 'not yet'}: predicted {shown(predicted)}, measured "
+          f"{shown(measured)} ({ratio:.2f}x apart, tolerance {tolerance:.2f}x)")
     return passed
 

@@ -11,11 +11,15 @@ import torch
 import torch.nn.functional as F
 import torchvision.io
 
-from .. import bench, config, data, hardware, ondevice, runs, sources, timing
+from .. import bench, ceilings, config, data, hardware, ondevice, runs, sources, timing
 from ..jpeg import JpegDataModule
 from ..models import LeNet
 from ..modules import ImageClassifierModule
-from .core import Grading, forbidden, torch_calls
+from .core import Grading, forbidden, grade_prediction, prediction_tolerance, torch_calls
+
+#: the ceilings a prediction of batch work (gather, pad, crop, mirror, uint8 to float) rests on: the bytes, in cache
+#: or DRAM, into reused or new outputs, and the fixed cost per op
+DATA_CEILINGS = ("memory", "memory cache", "add reused", "add fresh", "per op")
 
 # ---- lesson 03: a data pipeline that keeps the device busy ----------------------------------------------------
 #: the JPEG decoders a pipeline may call: PIL's open, torchvision.io's, course_lib's decode_image
@@ -83,11 +87,15 @@ def _03_measure(make_data: Callable, batch_size: int, steps: int, rounds: int) -
     return found
 
 
-def check_03_data_wait(make_data: Callable, *, target: float = 1.5, max_wait: float | None = None,
+def check_03_data_wait(make_data: Callable, predict_batch_seconds: Callable | None = None, *, ceil=None,
+                       measured: dict | None = None, target: float = 1.5, max_wait: float | None = None,
                        batch_size: int = 256, measure: bool = True, grading: Grading | None = None) -> bool:
     """Lesson 03: make_data(batch_size, subset) -> a DataModule over the first `subset` JPEG files (the
     mechanism_03 rules); passes when it delivers batches >= target x faster than the JPEG pipeline (num_workers=0)
-    and LeNet's training on it waits for data less than max_wait of the time, measured alternately in this run.
+    and LeNet's training on it waits for data less than max_wait of the time, measured alternately in this run, and
+    predict_batch_seconds(ceil, batch_size), written first from the ceilings (`ceil`: lesson 00's, loaded when None),
+    lands within core.prediction_tolerance(ceil, DATA_CEILINGS) of the seconds per batch your pipeline measured.
+    measured: injected rounds {"base": [s], "mine": [s], "waits": [fraction]} (tests; no clock then).
     max_wait None: 10 % on a GPU; 35 % on a CPU, where the "device" is the host and its batch work runs between
     the steps whatever the pipeline. (The training speed-up itself is capped by the step: with the JPEG pipeline
     waiting a fraction w of the time, no pipeline trains more than 1 / (1 - w) times faster.)"""
@@ -97,14 +105,18 @@ def check_03_data_wait(make_data: Callable, *, target: float = 1.5, max_wait: fl
         return ok
     steps, rounds = max(10, min(config.run_size("03_gpu_and_data").bench_steps, 30)), 3  # a JPEG round: ~1 s
     max_wait = max_wait if max_wait is not None else 0.10 if hardware.gpu_count() else 0.35
-    found = _03_measure(make_data, batch_size, steps, rounds)
+    found = measured or _03_measure(make_data, batch_size, steps, rounds)
     fast = grading.grade("Exercise 1 (batches delivered)", found["base"], found["mine"], target,
                          what="time per batch", hardware=hardware.label())
     wait = statistics.median(found["waits"])
     fed = wait < max_wait
     print(f"Exercise 1 (data wait): LeNet training on your pipeline waits {wait:.0%} of the time (target < "
-          f"{max_wait:.0%}), median of {rounds} runs of {steps} steps: {'passed' if fed else 'not yet'}")
-    return bool(ok and fast and fed)
+          f"{max_wait:.0%}), median of {len(found['waits'])} runs: {'passed' if fed else 'not yet'}")
+    ceil = ceil or ceilings.load("cuda" if hardware.gpu_count() else "cpu", verbose=False)
+    predicted = predict_batch_seconds(ceil, batch_size) if predict_batch_seconds else None
+    told = grade_prediction("Exercise 1", predicted, statistics.median(found["mine"]),
+                            prediction_tolerance(ceil, DATA_CEILINGS), "seconds per batch", timing.duration)
+    return bool(ok and fast and fed and told)
 
 
 # ---- lesson 08: augmentation as one batch operation ---------------------------------------------------------------
@@ -155,11 +167,15 @@ def mechanism_08(augment: Callable, pad: int, *, grading: Grading) -> bool:
     return grading.mechanism("Exercise 2", problems)
 
 
-def check_08_batch_augment(augment: Callable, *, target: float = 3.0, pad: int = 2, measure: bool = True,
+def check_08_batch_augment(augment: Callable, predict_speedup: Callable | None = None, *, ceil=None,
+                           timer: Callable | None = None, target: float = 3.0, pad: int = 2, measure: bool = True,
                            grading: Grading | None = None) -> bool:
     """Lesson 08: augment(x, shifts, flips, pad) on a uint8 batch must equal the per-image starter (normalise, reflect
     pad, crop, mirror, stack) without calling course_lib's batch kernel (data.crop_flip) or its augmenters, and take
-    >= `target`x less time, timed alternately in this run."""
+    >= `target`x less time, timed alternately in this run; predict_speedup(ceil, x, shifts, flips, pad), written
+    first from the ceilings (`ceil`: lesson 00's, loaded when None), must land within
+    core.prediction_tolerance(ceil, DATA_CEILINGS) of that speed-up. timer(fn) -> seconds per call of fn(x, shifts,
+    flips, pad) (tests inject one; fn is augment or per_image_augment)."""
     grading = grading or Grading()
     ok = mechanism_08(augment, pad, grading=grading)
     if not (ok and measure):
@@ -168,8 +184,13 @@ def check_08_batch_augment(augment: Callable, *, target: float = 3.0, pad: int =
 
     def cost(fn) -> float:
         """Seconds per call of fn's fastest block of calls (a busy machine only ever adds time)."""
-        return min(timing.time_calls(lambda: fn(x, shifts, flips, pad)))
+        return timer(fn) if timer else min(timing.time_calls(lambda: fn(x, shifts, flips, pad)))
 
-    return grading.ratio_check("Exercise 2 (batch augmentation)", lambda: cost(augment),
+    fast = grading.ratio_check("Exercise 2 (batch augmentation)", lambda: cost(augment),
                                lambda: cost(per_image_augment), target, repeats=3, what="time per batch",
                                hardware=hardware.label())
+    ceil = ceil or ceilings.load(x.device.type, verbose=False)
+    predicted = predict_speedup(ceil, x, shifts, flips, pad) if predict_speedup else None
+    told = grade_prediction("Exercise 2", predicted, grading.grades[-1]["ratio"],
+                            prediction_tolerance(ceil, DATA_CEILINGS))
+    return bool(fast and told)

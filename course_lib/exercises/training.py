@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
-from .. import config, hardware, loops, runs, timing
+from .. import ceilings, config, hardware, loops, runs, timing
 from ..models import LeNet
 from .core import Grading, forbidden, grade_prediction, prediction_tolerance
 
@@ -176,19 +176,31 @@ def mechanism_02(trainer_settings: Callable[[], dict], dm, *, grading: Grading) 
     return grading.mechanism("Exercise 3", problems)
 
 
-def check_02_trainer(trainer_settings: Callable[[], dict], *, data=None, target: float = 1.5, measure: bool = True,
-                     grading: Grading | None = None) -> bool:
+def check_02_trainer(trainer_settings: Callable[[], dict], predict_step_seconds: Callable | None = None, *,
+                     ceil=None, times: tuple[list, list] | None = None, data=None, target: float = 1.5,
+                     measure: bool = True, grading: Grading | None = None) -> bool:
     """Lesson 02: Trainer(**trainer_settings()) must keep what the debugging setup was for (mechanism_02, no clock)
-    and train LeNet at >= `target`x the starter's images/s, alternately in this run. data: inputs_02()'s, built
-    here when None."""
+    and train LeNet at >= `target`x the starter's images/s, alternately in this run; predict_step_seconds(ceil),
+    written first from the ceilings (`ceil`: lesson 00's, loaded when None), must land within
+    core.prediction_tolerance(ceil) of the seconds per step your settings measured (batch EX02_BATCH). data:
+    inputs_02()'s, built here when None; times: injected (starter's, yours) seconds per image per round (tests)."""
     grading, dm = grading or Grading(), data or inputs_02()
     ok = mechanism_02(trainer_settings, dm, grading=grading)
     if not (ok and measure):
         return ok
     steps = max(30, min(config.run_size("02_lightning").bench_steps, 60))
-    with tempfile.TemporaryDirectory(prefix="course02_starter_") as scratch:  # the starter's logs and checkpoints
-        fast = grading.ratio_check("Exercise 3 (Trainer overhead)",
-                                   lambda: _02_fit(trainer_settings, dm, steps)["seconds_per_image"],
-                                   lambda: _02_fit(lambda: starter_02(scratch), dm, steps)["seconds_per_image"],
-                                   target, repeats=5, what="time per image", hardware=hardware.label())  # short: 5
-    return bool(ok and fast)
+    what, label = "time per image", hardware.label()
+    if times:
+        fast = grading.grade("Exercise 3 (Trainer overhead)", *times, target, what=what, hardware=label)
+    else:
+        with tempfile.TemporaryDirectory(prefix="course02_starter_") as scratch:  # the starter's logs and checkpoints
+            fast = grading.ratio_check("Exercise 3 (Trainer overhead)",
+                                       lambda: _02_fit(trainer_settings, dm, steps)["seconds_per_image"],
+                                       lambda: _02_fit(lambda: starter_02(scratch), dm, steps)["seconds_per_image"],
+                                       target, repeats=5, what=what, hardware=label)  # short rounds: 5
+    mine = grading.grades[-1]["mine"] * EX02_BATCH  # seconds per step with your settings, the median round
+    ceil = ceil or ceilings.load("cuda" if hardware.gpu_count() else "cpu", verbose=False)
+    predicted = predict_step_seconds(ceil) if predict_step_seconds else None
+    told = grade_prediction("Exercise 3", predicted, mine, prediction_tolerance(ceil), "seconds per step",
+                            timing.duration)
+    return bool(ok and fast and told)

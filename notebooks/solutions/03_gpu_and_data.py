@@ -1,9 +1,13 @@
 """Reference solution for lesson 03's exercise: decode the JPEG files once, in setup, into one uint8 tensor, then
-cut each batch from it and augment it as a batch (on the GPU where there is one: no copies, no workers)."""
+cut each batch from it and augment it as a batch (on the GPU where there is one: no copies, no workers); and the
+seconds each batch takes predicted first, from the ceilings: the ops that cut and augment one batch counted on a
+stand-in uint8 tensor (roofline.count: the gather of B images, the pad, the crops' gathers, the mirror, the uint8 to
+float conversion) and summed against the ceilings (roofline.step_model: bytes at the bandwidth their size allows, plus
+the fixed cost per op). No JPEG is decoded then, so nothing else is left to model."""
 import lightning as L
 import torch
 
-from course_lib import hardware, jpeg
+from course_lib import hardware, jpeg, roofline
 from course_lib.data import augment_batch, to_float
 from course_lib.sources import decode_image
 
@@ -48,3 +52,12 @@ class Batches:
 def make_data(batch_size: int, subset: int):
     """A DataModule that keeps the training step fed: the JPEG subset decoded once, batched by indexing."""
     return DecodedOnce(batch_size, subset)
+
+
+def predict_batch_seconds(ceil, batch_size: int) -> float:
+    """Predicted seconds to deliver one batch of `batch_size` from the decoded tensor, from the ceilings alone."""
+    device = "cuda" if hardware.gpu_count() else "cpu"
+    images = torch.zeros(4 * batch_size, 3, 32, 32, dtype=torch.uint8, device=device)  # stand-in decoded images
+    batches = iter(Batches(images, torch.zeros(4 * batch_size, dtype=torch.long, device=device), batch_size))
+    next(batches)  # the epoch's permutation, drawn once per epoch: not a batch's work
+    return roofline.step_model(roofline.count(lambda: next(batches)), ceil)["predicted"]

@@ -1,9 +1,14 @@
 """Reference solution for lesson 08's exercise 2: the per-image augmentation as batch operations (one normalisation
-and one pad for the whole batch, two gathers for every image's window, torch.where for the mirrors)."""
+and one pad for the whole batch, two gathers for every image's window, torch.where for the mirrors), and its speed-up
+predicted first: each version's ops counted (roofline.count) and summed against the ceilings (roofline.step_model:
+each op's bytes at the bandwidth its size allows, plus the fixed cost per op). The starter pays that fixed cost for
+every op of every image; the batch version pays it a dozen times and moves the same bytes."""
 import torch
 import torch.nn.functional as F
 
+from course_lib import roofline
 from course_lib.data import CIFAR10_MEAN, CIFAR10_STD
+from course_lib.exercises.datapath import per_image_augment  # the starter, kept under its own name
 
 
 def augment(x, shifts, flips, pad=2):
@@ -19,3 +24,10 @@ def augment(x, shifts, flips, pad=2):
     cols = (shifts[1][:, None] + torch.arange(w, device=x.device))[:, None, None, :]  # (B, 1, 1, W)
     z = z.gather(3, cols.expand(b, c, h, w))  # then its W columns
     return torch.where(flips[:, None, None, None], z.flip(3), z)
+
+
+def predict_speedup(ceil, x, shifts, flips, pad=2):
+    """The starter's predicted seconds over augment's, on the check's batch, from the ceilings alone."""
+    def seconds(fn) -> float:
+        return roofline.step_model(roofline.count(fn, x, shifts, flips, pad), ceil)["predicted"]
+    return seconds(per_image_augment) / seconds(augment)
