@@ -139,17 +139,19 @@ SHARED = ["steps", "batch_size", "precision", "device", "repeats"]  # settings n
 
 def _cell(row: dict, col: str) -> str:
     """One table cell: floats as plain numbers, images/s with its slowest-fastest range when the row has one,
-    data_wait as a percentage."""
+    data_wait and test_acc as percentages."""
     fmt = lambda v: verdict.number(v) if isinstance(v, float) else str(v)  # noqa: E731  (7,770, not 7.77e+03)
     if col == "data_wait" and isinstance(row.get(col), float):  # a share of the time, as the lessons write it
         return f"{100 * row[col]:.0f} %"
+    if col == "test_acc" and isinstance(row.get(col), float) and 0 <= row[col] <= 1:  # a fraction, shown as the
+        return f"{100 * row[col]:.1f} %"  # verdicts beside it give accuracies: in %
     if col == "images_per_s" and "images_per_s_min" in row:
         return f"{fmt(row[col])} ({fmt(row['images_per_s_min'])}–{fmt(row['images_per_s_max'])})"
     if col == "speedup":  # the verdict's word: '1.77x slower' (k >= 1) only where it calls a difference
         if row.get("baseline"):
             return "1x (baseline)"
         if row.get("called") == 0:
-            return f"no difference ({row[col]:.2f}x)"
+            return "no difference"  # its median ratio: on the verdict line, in its words (1.07x slower, not 0.93x)
         return verdict.factor(row[col]) + (" (not judged: too few rounds)" if row.get("called") is None else "")
     return fmt(row.get(col, ""))
 

@@ -26,7 +26,7 @@ from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
 
 from . import hardware, internals, verdict
 from .metrics import top1_accuracy
-from .timing import time_calls
+from .timing import duration, time_calls
 
 #: the batch dimension stays symbolic in every exported graph, so one program serves batch 1 and batch 64
 BATCH = torch.export.Dim("batch", min=1, max=4096)
@@ -82,8 +82,10 @@ def int8_roof_lines(flops: float, weights: int, int8_s: float, fp32_s: float, ce
         lines.append(f"int8: the same in {int8_s * 1e3:,.3g} ms ({fp32_s / int8_s:.2f}x fp32's speed); no int8 roof "
                      "here: no VNNI/AMX, no int8 ceiling")
     moved = {fmt: weights * size / ceil.bandwidth_for(weights * size) for fmt, size in (("fp32", 4), ("int8", 1))}
-    lines.append(f"weights: {weights * 4 / 1e6:,.3g} MB fp32, {weights / 1e6:,.3g} MB int8; reading them takes "
-                 f"{moved['fp32'] / fp32_s:.0%} and {moved['int8'] / int8_s:.0%} of each measured time")
+    share = [verdict.number(100 * moved[fmt] / s, 2) for fmt, s in (("fp32", fp32_s), ("int8", int8_s))]  # not '0%'
+    lines.append(f"weights: {weights * 4 / 1e6:,.3g} MB fp32, {weights / 1e6:,.3g} MB int8; reading them: "
+                 f"{duration(moved['fp32'])} and {duration(moved['int8'])}, {share[0]} % and "
+                 f"{share[1]} % of each measured time")
     return lines
 
 
