@@ -8,13 +8,13 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset, random_split
+from torch.utils.data import Dataset, random_split
 
 from . import config, hardware, internals
 from .errors import CourseError, MissingPathError
-from .sampling import EpochSampler, ResumableLoader
+from .sampling import Batching, Loader
 from .sources import CIFAR10_CLASSES as CIFAR10_CLASSES  # re-exported: the lessons import it from here
-from .sources import LOADED, SPLITS, Source, cache_image_folder, list_image_folder, load_image_folder, open_source
+from .sources import SPLITS, Source, cache_image_folder, list_image_folder, load_image_folder, open_source
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)  # per-channel statistics of the CIFAR-10 training images
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
@@ -76,11 +76,6 @@ class ImageTensorDataset(Dataset):
         return to_float(x, self.mean, self.std), self.labels[idx]
 
 
-def _batch_as_is(batch):
-    """Collate for ImageTensorDataset: __getitems__ already returns (x, y) batches."""
-    return batch
-
-
 def split_indices(n: int, fractions: list[float], seed: int) -> list[torch.Tensor]:
     """Seeded random split of range(n) into len(fractions)+1 parts; the last part takes the rest; fraction 0: empty.
     The part sizes are rounded here, not by random_split (it floors fractions and hands out the remainder)."""
@@ -121,6 +116,13 @@ def carve_splits(train: Split, val: Split | None, test: Split | None, *, val_fra
     return train.take(parts.pop(0)), val, test
 
 
+def take_subset(split: Split, subset: int | None, seed: int) -> Split:
+    """A seeded random `subset` of a split's images (all of them where subset is None or not smaller)."""
+    if subset is None or subset >= len(split.labels):
+        return split
+    return split.take(torch.randperm(len(split.labels), generator=torch.Generator().manual_seed(seed))[:subset])
+
+
 def relabel(data: dict, classes: list[str], refusal: Callable[[list[str]], str]) -> dict:
     """A loaded split labelled through `classes` by name (the class remapping, written once; it may lack some); a
     class that `classes` lacks is a CourseError with the message refusal(those classes)."""
@@ -135,25 +137,33 @@ def relabel(data: dict, classes: list[str], refusal: Callable[[list[str]], str])
 
 class CIFAR10DataModule(L.LightningDataModule):
     """CIFAR-10 (torchvision download), any <root>/<split>/<class>/*.jpg folder, or a saved .pt tensor file, chosen
-    once here (sources.open_source); seeded splits. Normalised with CIFAR-10's statistics (normalize=False: [0, 1]).
-    pin_memory=True pins batches where they are copied to a GPU; a run on the CPU copies nothing and pins nothing."""
+    once here (sources.open_source); seeded splits (carve_splits). Normalised with CIFAR-10's statistics
+    (normalize=False: [0, 1]). `batching` serves the splits: Loader() (default, a DataLoader), ondevice.OnDevice()
+    (the splits on the accelerator) or ondevice.Speedrun() (lesson 08's). The splits it loads stay its own."""
 
     def __init__(self, *, image_folder: str | None = None, data_dir: str | None = None, test_folder: str | None = None,
-                 mirror_url: str | None = None, batch_size: int = 64, num_workers: int = 0,
-                 pin_memory: bool = False, persistent_workers: bool = False, augment: bool = False,
-                 normalize: bool = True, subset: int | None = None, eval_subset: int | None = None,
-                 val_fraction: float = 0.1, test_fraction: float = 0.1, seed: int = 0):
+                 mirror_url: str | None = None, batch_size: int = 64, augment: bool = False, normalize: bool = True,
+                 subset: int | None = None, eval_subset: int | None = None, val_fraction: float = 0.1,
+                 test_fraction: float = 0.1, seed: int = 0, batching: Batching | None = None):
         super().__init__()
-        self.save_hyperparameters()
+        self.save_hyperparameters(ignore=["batching"])
+        self.batching = batching if batching is not None else Loader()
         self.data_dir = Path(data_dir) if data_dir else config.data_root()
         self.source: Source = open_source(image_folder, data_dir=self.data_dir, mirror_url=mirror_url)
         self.classes: list[str] = []
-        self._resumed_rng_state: torch.Tensor | None = None  # from a checkpoint, for the next training loader
+        self.loaded: dict[str, dict | None] = {}  # the splits this DataModule read, by name: read once, kept
+        self.resumed_rng_state: torch.Tensor | None = None  # from a checkpoint, for the next training loader
         self._test_source: tuple[Path | None, str] = (None, "test")  # the test images' folder (None: no files), split
 
     def normalisation(self) -> tuple:
         """(mean, std) for data.to_float: CIFAR-10's per-channel statistics, or (None, None) for pixels in [0, 1]."""
         return (CIFAR10_MEAN, CIFAR10_STD) if self.hparams.normalize else (None, None)
+
+    def device(self) -> torch.device:
+        """Where the batches go: the Trainer's device, or without a Trainer the GPU if there is one, else the CPU."""
+        if self.trainer:
+            return self.trainer.strategy.root_device
+        return torch.device("cuda" if hardware.gpu_count() else "cpu")
 
     def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):
         x, y = batch  # our batches are always (images, labels): skip Lightning's generic collection walk
@@ -161,29 +171,33 @@ class CIFAR10DataModule(L.LightningDataModule):
 
     def prepare_data(self) -> None:
         """Download (torchvision) or decode into the on-disk cache (image folder), on one process; sets no state. A
-        split this process has loaded already was read from that cache, so it is not listed and checked again."""
+        split this DataModule has loaded already was read from that cache, so it is not listed and checked again."""
         if self.hparams.test_folder:
             cache_image_folder(self._test_folder(), self.data_dir / "cache")
         for split in SPLITS:
-            if not LOADED.holds(self.source, split):
+            if split not in self.loaded:
                 self.source.ensure_cached(split)
 
+    def _load(self, split: str) -> dict | None:
+        """source.load(split), once per DataModule (a second setup, e.g. test after fit, reads nothing)."""
+        if split not in self.loaded:
+            self.loaded[split] = self.source.load(split)
+        return self.loaded[split]
+
     def setup(self, stage: str | None = None) -> None:
-        """Load the tensors and carve validation/test splits from training with a seeded generator."""
-        hp = self.hparams
-        model_classes = self._model_classes()
+        """Load the tensors and carve validation/test splits from training with a seeded generator (once: the
+        splits never change), then let the batching strategy place them."""
+        hp, model_classes = self.hparams, self._model_classes()
+        if getattr(self, "train_set", None) is not None and not hp.test_folder:
+            return self._check_classes(model_classes, stage)
         if hp.test_folder and stage in ("test", "predict"):  # grading on foreign images needs no training data
             self.classes = model_classes or self.source.classes()
             self.test_set = self._dataset(self._foreign_test(hp.test_folder), hp.eval_subset)
             self._test_source = (self._test_folder(), "test_folder")
-            return
-        train = LOADED.load(self.source, "train")
+            return self.batching.place(self)
+        train = self._load("train")
         self.classes = train["classes"]
-        if model_classes and stage != "fit" and list(model_classes) != list(self.classes):
-            raise CourseError(f"The model was trained on classes {model_classes} but the data in "
-                              f"{hp.image_folder or 'torchvision CIFAR-10'} have {self.classes}, so its labels would "
-                              f"be wrong. Point COURSE_DATA (--data.image_folder) at data with the model's classes, "
-                              f"or grade a folder of class-named images with --data.test_folder.")
+        self._check_classes(model_classes, stage)
         val, test = (self._own_split(split) for split in ("val", "test"))
         test_split = "test" if test is not None else "train"
         self._test_source = (self.source.folder(test_split), test_split)  # the files predict names, if any
@@ -194,11 +208,20 @@ class CIFAR10DataModule(L.LightningDataModule):
         self.train_set = self._dataset(train, hp.subset, augment=hp.augment)
         self.val_set = self._dataset(val, hp.eval_subset)
         self.test_set = self._dataset(test, hp.eval_subset)
+        self.batching.place(self)
+
+    def _check_classes(self, model_classes: list[str] | None, stage: str | None) -> None:
+        """Refuse to evaluate a model on data whose classes are not the ones it was trained on."""
+        if model_classes and stage != "fit" and list(model_classes) != list(self.classes):
+            raise CourseError(f"The model was trained on classes {model_classes} but the data in "
+                              f"{self.hparams.image_folder or 'torchvision CIFAR-10'} have {self.classes}, so its "
+                              f"labels would be wrong. Point COURSE_DATA (--data.image_folder) at data with the "
+                              f"model's classes, or grade a folder of class-named images with --data.test_folder.")
 
     def _own_split(self, split: str) -> Split | None:
         """A val/test split read from the source's own folder (None where it has none), labelled through the training
         classes by name."""
-        data = LOADED.load(self.source, split)
+        data = self._load(split)
         if data is None:
             return None
         return Split.whole(relabel(data, self.classes, lambda unknown: f"{Path(self.hparams.image_folder) / split} "
@@ -237,44 +260,28 @@ class CIFAR10DataModule(L.LightningDataModule):
 
     def _dataset(self, split: Split, subset: int | None, augment: bool = False) -> ImageTensorDataset:
         """Wrap a split, keeping a seeded random subset of it for small runs."""
-        if subset is not None and subset < len(split.labels):
-            split = split.take(torch.randperm(len(split.labels),
-                                              generator=torch.Generator().manual_seed(self.hparams.seed))[:subset])
+        split = take_subset(split, subset, self.hparams.seed)
         return ImageTensorDataset(split.images, split.labels, *self.normalisation(), augment, index=split.index)
-
-    def _loader(self, ds: ImageTensorDataset, train: bool) -> DataLoader:
-        hp = self.hparams
-        kwargs = dict(batch_size=hp.batch_size, num_workers=hp.num_workers, pin_memory=hp.pin_memory and self._to_gpu(),
-                      collate_fn=_batch_as_is, persistent_workers=hp.persistent_workers and hp.num_workers > 0)
-        if not train:
-            return DataLoader(ds, **kwargs)
-        rng_state, self._resumed_rng_state = self._resumed_rng_state, None
-        return ResumableLoader(ds, sampler=EpochSampler(len(ds), hp.seed), position=self._batches_done,
-                               rng_state=rng_state, **kwargs)
-
-    def _to_gpu(self) -> bool:
-        """Whether the batches go to an accelerator: the Trainer's device, or without a Trainer whether a GPU exists."""
-        return self.trainer.strategy.root_device.type != "cpu" if self.trainer else hardware.gpu_count() > 0
 
     def state_dict(self) -> dict:
         """Saved in every checkpoint: the CPU random state, which a resumed run restores at its next batch."""
         return {"rng_state": torch.get_rng_state()}
 
     def load_state_dict(self, state: dict) -> None:
-        self._resumed_rng_state = state.get("rng_state")
+        self.resumed_rng_state = state.get("rng_state")
 
-    def _batches_done(self) -> int:
+    def batches_done(self) -> int:
         """Training batches of the current epoch done so far (restored from the checkpoint when a run resumes)."""
         return internals.epoch_batch_progress(self.trainer).ready if self.trainer else 0
 
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, train=True)
+    def train_dataloader(self):
+        return self.batching.loader(self, self.train_set, train=True)
 
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, train=False)
+    def val_dataloader(self):
+        return self.batching.loader(self, self.val_set, train=False)
 
-    def test_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set, train=False)
+    def test_dataloader(self):
+        return self.batching.loader(self, self.test_set, train=False)
 
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set, train=False)
+    def predict_dataloader(self):
+        return self.batching.loader(self, self.test_set, train=False)

@@ -13,8 +13,8 @@ import lightning as L
 import torch
 
 from . import flops, hardware, speedrun
+from .data import CIFAR10DataModule
 from .models import AirNet
-from .ondevice import SpeedrunDataModule
 from .timing import DeviceTimer, EpochTimer, duration, flop_rate
 
 T, R = TypeVar("T"), TypeVar("R")  # seed_loop's items and results
@@ -35,13 +35,13 @@ class SeedRun:
     losses: torch.Tensor  # (steps,) float32 training losses on the CPU
 
 
-def run_seed(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, *, seed: int, epochs: float,
+def run_seed(module: speedrun.SpeedrunModule, dm: CIFAR10DataModule, *, seed: int, epochs: float,
              precision: str | None = None) -> SeedRun:
     """Fresh weights and batch order for `seed` (a compiled net stays compiled), train, test with TTA; timed on the
     device: whitening init and training in fit_s, TTA in test_s (total_s both), data loading in neither.
     Fractional epochs (speedrun.EPOCHS) train ceil(epochs x batches per epoch) steps."""
     speedrun.fresh_weights(module, seed)  # in place: the compiled graphs stay valid; unwhitened, so the fit whitens
-    dm.shuffle_seed = seed
+    dm.batching.shuffle_seed = seed
     timer, clock = EpochTimer(), DeviceTimer(dm.train_set.images.device)
     trainer = speedrun.make_trainer(epochs, precision, steps_per_epoch=len(dm.train_dataloader()), callbacks=[timer])
     start = clock.mark()
@@ -73,7 +73,7 @@ def seed_loop(run: Callable[[T], R], items: Iterable[T], *, warmup: Callable[[],
     return done
 
 
-def seed_runs(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, *, seeds: list[int], epochs: float,
+def seed_runs(module: speedrun.SpeedrunModule, dm: CIFAR10DataModule, *, seeds: list[int], epochs: float,
               precision: str | None = None, warmup_seed: int | None = None, deadline: float | None = None,
               on_run: Callable[[list[SeedRun]], object] | None = None) -> list[SeedRun]:
     """run_seed for each seed through seed_loop: after an untimed warm-up run when warmup_seed is set, until
@@ -103,7 +103,7 @@ class TwinComparison:
     twin: dict  # the twin's own fit result (losses, epoch_s)
 
 
-def compare_twin(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, run: SeedRun, *, epochs: float,
+def compare_twin(module: speedrun.SpeedrunModule, dm: CIFAR10DataModule, run: SeedRun, *, epochs: float,
                  precision: str | None = None, twin: speedrun.Twin | None = None) -> TwinComparison:
     """Train the plain-PyTorch twin on the same seed and batches as `run`; epoch-time ratio, loss and accuracy gaps.
 
@@ -111,7 +111,7 @@ def compare_twin(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, run: S
     compiled); default a new one with the module's recipe. Timed as run_seed: whitening and training in
     twin_fit_s, TTA in twin_test_s."""
     recipe = module.recipe
-    dm.shuffle_seed = run.seed
+    dm.batching.shuffle_seed = run.seed
     L.seed_everything(run.seed, verbose=False)  # the same initial weights as fresh_weights gave the module
     fresh = speedrun.recipe_net(recipe)
     if twin is None:
@@ -129,7 +129,7 @@ def compare_twin(module: speedrun.SpeedrunModule, dm: SpeedrunDataModule, run: S
     first = min(10, len(diff))
     # the compiled handle, as the module tests with its compiled net
     acc = speedrun.evaluate_tta(twin.forward, dm.test_set.images, dm.test_set.labels, level=recipe.tta_level,
-                                batch_size=dm.eval_batch_size, precision=precision)
+                                batch_size=dm.batching.eval_batch_size, precision=precision)
     tested = clock.mark()
     return TwinComparison(
         seed=run.seed, ratio=lit_epoch / twin_epoch, lit_epoch_s=lit_epoch, twin_epoch_s=twin_epoch,

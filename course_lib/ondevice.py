@@ -1,4 +1,5 @@
-"""Data that lives on the device: one batcher with a pluggable augmentation, and the DataModules that serve it."""
+"""Data that lives on the device: one batcher with a pluggable augmentation, and the DataModule's batching strategies
+that serve it (OnDevice, and the speedrun's Speedrun)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -6,9 +7,8 @@ from typing import Callable
 import torch
 from torch.utils.data import DistributedSampler
 
-from . import hardware
-from .data import CIFAR10_MEAN, CIFAR10_STD, CIFAR10DataModule, EpochSampler, augment_batch, crop_flip, to_float
-from .sampling import epoch_generator
+from .data import CIFAR10_MEAN, CIFAR10_STD, augment_batch, crop_flip, to_float
+from .sampling import Batching, EpochSampler, epoch_generator
 
 #: augment(x, idx, epoch): float (B, C, H, W) pixels in [0, 255], the images' dataset indices, the epoch -> batch
 Augment = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
@@ -111,69 +111,50 @@ class DeviceBatches:
             yield to_float(x, self.mean, self.std), self.labels[idx]
 
 
-class DeviceCIFAR10DataModule(CIFAR10DataModule):
-    """CIFAR10DataModule whose whole uint8 dataset sits on the accelerator, where batches are normalised and
-    augmented."""
+class OnDevice(Batching):
+    """The on-device batching strategy: the DataModule's uint8 splits copied to the accelerator once (50,000 images
+    are 150 MB), batches cut, normalised and (augment=True) crop+flipped there by DeviceBatches; `device` None: the
+    Trainer's, else the GPU if there is one, else the CPU."""
 
-    def __init__(self, *, device: str | None = None, **kwargs):
-        super().__init__(**kwargs)
-        self.device = device  # None: the Trainer's device, else the GPU if there is one, else the CPU
+    def __init__(self, device: str | None = None):
+        self.device = device
 
-    def setup(self, stage: str | None = None) -> None:
-        super().setup(stage)
-        dev = torch.device(self.device or (self.trainer.strategy.root_device if self.trainer
-                                           else "cuda" if hardware.gpu_count() else "cpu"))
+    def place(self, dm) -> None:
+        dev = torch.device(self.device) if self.device else dm.device()
         for name in ("train_set", "val_set", "test_set"):
-            ds = getattr(self, name, None)
-            if ds is not None:  # 50,000 images are 150 MB as uint8: one copy, then every epoch reads device memory
+            ds = getattr(dm, name, None)
+            if ds is not None:  # one copy, then every epoch reads device memory
                 ds.images, ds.labels = ds.images.to(dev), ds.labels.to(dev)
 
-    def _batches(self, ds, train: bool, batch_size: int | None = None, augment: Augment | None = None,
-                 drop_last: bool = False, seed: int | None = None) -> DeviceBatches:
-        """One split as DeviceBatches with this module's normalisation."""
-        hp = self.hparams
-        mean, std = self.normalisation()
-        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
-        return DeviceBatches(ds.images, ds.labels, batch_size or hp.batch_size, shuffle=train,
-                             seed=hp.seed if seed is None else seed, augment=augment, drop_last=drop_last,
-                             mean=mean, std=std, num_replicas=world, rank=rank)  # this rank's share under DDP
+    def batches(self, dm, ds, train: bool, batch_size: int, augment: Augment | None = None, drop_last: bool = False,
+                seed: int | None = None) -> DeviceBatches:
+        """One split as DeviceBatches with the DataModule's normalisation, this rank's share under DDP."""
+        mean, std = dm.normalisation()
+        world, rank = (dm.trainer.world_size, dm.trainer.global_rank) if dm.trainer else (1, 0)
+        return DeviceBatches(ds.images, ds.labels, batch_size, shuffle=train, augment=augment, drop_last=drop_last,
+                             seed=dm.hparams.seed if seed is None else seed, mean=mean, std=std, num_replicas=world,
+                             rank=rank)
 
-    def train_dataloader(self) -> DeviceBatches:
-        return self._batches(self.train_set, True, augment=RandomCropFlip() if self.hparams.augment else None)
-
-    def val_dataloader(self) -> DeviceBatches:
-        return self._batches(self.val_set, False)
-
-    def test_dataloader(self) -> DeviceBatches:
-        return self._batches(self.test_set, False)
-
-    def predict_dataloader(self) -> DeviceBatches:
-        return self.test_dataloader()
+    def loader(self, dm, ds, train: bool) -> DeviceBatches:
+        augment = RandomCropFlip() if train and dm.hparams.augment else None
+        return self.batches(dm, ds, train, dm.hparams.batch_size, augment)
 
 
-class SpeedrunDataModule(DeviceCIFAR10DataModule):
-    """The splits on the device, trained with airbench's augmentation in full batches; evaluated in big batches.
+class Speedrun(OnDevice):
+    """Lesson 08's batching: the splits on the device, trained with airbench's augmentation (AlternatingFlipTranslate)
+    in full batches of the DataModule's batch_size; evaluated in batches of eval_batch_size. `shuffle_seed` (None:
+    the DataModule's seed, which fixes the split) sets the batch order and augmentation, so runs with several seeds
+    share one test set. A speedrun does not validate: runs.datamodule(kind="speedrun") carves no validation images."""
 
-    `seed` fixes the split; `shuffle_seed` (default: seed) the batch order and augmentation, so runs with several
-    seeds can share one test set. A speedrun does not validate, so by default no validation images are carved:
-    all 50,000 training images train (45,000 when the test split is carved from them too)."""
-
-    def __init__(self, *, batch_size: int = 1024, eval_batch_size: int = 1000, translate: int = 2,
-                 flip: bool = True, shuffle_seed: int | None = None, val_fraction: float = 0.0, **kwargs):
-        super().__init__(batch_size=batch_size, val_fraction=val_fraction, **kwargs)
+    def __init__(self, device: str | None = None, eval_batch_size: int = 1000, translate: int = 2, flip: bool = True,
+                 shuffle_seed: int | None = None):
+        super().__init__(device)
         self.eval_batch_size, self.translate, self.flip = eval_batch_size, translate, flip
-        self.shuffle_seed = self.hparams.seed if shuffle_seed is None else shuffle_seed
+        self.shuffle_seed = shuffle_seed
 
-    def setup(self, stage: str | None = None) -> None:
-        if getattr(self, "train_set", None) is None or self.hparams.test_folder:  # splits never change: carve once
-            super().setup(stage)
-
-    def train_dataloader(self) -> DeviceBatches:
-        augment = AlternatingFlipTranslate(len(self.train_set), self.shuffle_seed, self.translate, self.flip)
-        return self._batches(self.train_set, True, augment=augment, drop_last=True, seed=self.shuffle_seed)
-
-    def val_dataloader(self) -> DeviceBatches:
-        return self._batches(self.val_set, False, self.eval_batch_size)
-
-    def test_dataloader(self) -> DeviceBatches:
-        return self._batches(self.test_set, False, self.eval_batch_size)
+    def loader(self, dm, ds, train: bool) -> DeviceBatches:
+        if not train:
+            return self.batches(dm, ds, False, self.eval_batch_size)
+        seed = dm.hparams.seed if self.shuffle_seed is None else self.shuffle_seed
+        augment = AlternatingFlipTranslate(len(ds), seed, self.translate, self.flip)
+        return self.batches(dm, ds, True, dm.hparams.batch_size, augment, drop_last=True, seed=seed)

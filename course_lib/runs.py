@@ -3,6 +3,7 @@ precision policy. Notebooks, the CLI and the scripts build their data and traine
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
 import re
@@ -13,12 +14,15 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 
 from . import config, hardware
 from .data import CIFAR10DataModule
-from .ondevice import DeviceCIFAR10DataModule, SpeedrunDataModule
+from .ondevice import OnDevice, Speedrun
+from .sampling import Loader
 
 #: Trainer settings for a timing run: nothing but training (no validation, logging, checkpoints or progress bar)
 TIMING = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
               limit_val_batches=0, num_sanity_val_steps=0)
-DATAMODULES = {"loader": CIFAR10DataModule, "device": DeviceCIFAR10DataModule, "speedrun": SpeedrunDataModule}
+#: the DataModule's batching strategies by kind, and the DataModule settings a kind changes from their defaults
+BATCHING = {"loader": Loader, "device": OnDevice, "speedrun": Speedrun}
+KIND_DEFAULTS = {"speedrun": {"val_fraction": 0.0}}  # a speedrun does not validate: all its training images train
 
 
 def data_kwargs(lesson: str | None = None, **overrides) -> dict:
@@ -28,12 +32,16 @@ def data_kwargs(lesson: str | None = None, **overrides) -> dict:
             **overrides}
 
 
-def datamodule(lesson: str | None = None, kind: str = "loader", **overrides) -> L.LightningDataModule:
-    """A lesson's DataModule: "loader" (DataLoader over decoded images), "device" (data on the accelerator) or
-    "speedrun" (lesson 08's batches); keyword overrides go to its constructor (batch_size, seed, device, ...)."""
-    if kind not in DATAMODULES:
-        raise ValueError(f"kind must be one of {sorted(DATAMODULES)}, got {kind!r}.")
-    return DATAMODULES[kind](**data_kwargs(lesson, **overrides))
+def datamodule(lesson: str | None = None, kind: str = "loader", **overrides) -> CIFAR10DataModule:
+    """A lesson's CIFAR10DataModule batched by kind: "loader" (a DataLoader over decoded images), "device" (the data on
+    the accelerator) or "speedrun" (lesson 08's batches). Keyword overrides go to the DataModule (batch_size, seed,
+    ...) or, where the strategy takes them, to the strategy (device, num_workers, eval_batch_size, ...)."""
+    if kind not in BATCHING:
+        raise ValueError(f"kind must be one of {sorted(BATCHING)}, got {kind!r}.")
+    strategy = BATCHING[kind]
+    own = {k: overrides.pop(k) for k in list(overrides) if k in inspect.signature(strategy).parameters}
+    return CIFAR10DataModule(**data_kwargs(lesson, **{**KIND_DEFAULTS.get(kind, {}), **overrides}),
+                             batching=strategy(**own))
 
 
 def trainer_kwargs(lesson: str | None = None, precision: str | None = None, timing: bool = False,

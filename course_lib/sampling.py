@@ -1,8 +1,14 @@
-"""Batch order that survives a restart: a sampler shuffled by (seed, epoch), and a DataLoader that resumes mid-epoch."""
+"""Batch order that survives a restart: a sampler shuffled by (seed, epoch), a DataLoader that resumes mid-epoch, and
+the DataLoader batching strategy (Loader) that serves a DataModule's splits with them."""
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.data import DataLoader, Sampler
+
+if TYPE_CHECKING:  # the DataModule imports this module: its type for hints only
+    from .data import CIFAR10DataModule
 
 EPOCH_STRIDE = 100_003  # a prime above any epoch count: (seed, epoch) pairs never share a generator seed
 
@@ -57,3 +63,38 @@ class ResumableLoader(DataLoader):
                 next(batches)
             torch.set_rng_state(rng_state)
         yield from batches
+
+
+def _batch_as_is(batch):
+    """Collate for data.ImageTensorDataset: its __getitems__ already returns (x, y) batches."""
+    return batch
+
+
+class Batching:
+    """How a DataModule serves its splits (its `batching`): place(dm) once the splits are carved, then loader(dm,
+    split dataset, train) for each stage's batches. Loader here, ondevice.OnDevice and ondevice.Speedrun."""
+
+    def place(self, dm: CIFAR10DataModule) -> None:
+        """Put the DataModule's splits where the batches are cut (nothing to do by default)."""
+
+    def loader(self, dm: CIFAR10DataModule, ds, train: bool):
+        raise NotImplementedError
+
+
+class Loader(Batching):
+    """The DataLoader batching strategy: a seeded EpochSampler whose loader resumes mid-epoch for training, batches
+    normalised on the CPU in `num_workers` worker processes, pinned where they are copied to a GPU (pin_memory)."""
+
+    def __init__(self, num_workers: int = 0, pin_memory: bool = False, persistent_workers: bool = False):
+        self.num_workers, self.pin_memory, self.persistent_workers = num_workers, pin_memory, persistent_workers
+
+    def loader(self, dm: CIFAR10DataModule, ds, train: bool) -> DataLoader:
+        """One split's batches; training batches in the (seed, epoch) order, resumable mid-epoch."""
+        kwargs = dict(batch_size=dm.hparams.batch_size, num_workers=self.num_workers, collate_fn=_batch_as_is,
+                      pin_memory=self.pin_memory and dm.device().type != "cpu",
+                      persistent_workers=self.persistent_workers and self.num_workers > 0)
+        if not train:
+            return DataLoader(ds, **kwargs)
+        rng_state, dm.resumed_rng_state = dm.resumed_rng_state, None
+        return ResumableLoader(ds, sampler=EpochSampler(len(ds), dm.hparams.seed), position=dm.batches_done,
+                               rng_state=rng_state, **kwargs)

@@ -5,7 +5,6 @@ image folder or a JPEG pack (save_jpeg_pack, the compact file carried to a GPU m
 from __future__ import annotations
 
 import io
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -183,7 +182,7 @@ class TensorFileSource:
         return None  # no image files behind it
 
     def classes(self) -> list[str]:
-        return list(LOADED.load(self, "train")["classes"])
+        return list(load_tensor_file(self.path)["classes"])
 
     def ensure_cached(self, split: str) -> None:
         return None  # the file is its own cache
@@ -223,34 +222,6 @@ def open_source(path: str | Path | None, *, data_dir: str | Path, mirror_url: st
         return TorchvisionSource(Path(data_dir), mirror_url)
     path = Path(path).expanduser()
     return TensorFileSource(path) if path.is_file() else ImageFolderSource(path, Path(data_dir) / "cache")
-
-
-class LoadedSplits:
-    """Splits this process has loaded, keyed by (source, split), the most recent `size` kept: benchmarks building
-    many DataModules on one source decode or read the disk once. Only load() fills it (DataModule.setup); a folder
-    edited within the process is not seen until clear(). Loaded splits are read-only: datasets index into them."""
-
-    def __init__(self, size: int = 8):
-        self.size, self._splits = size, OrderedDict()
-
-    def holds(self, source: Source, split: str) -> bool:
-        return (source, split) in self._splits
-
-    def load(self, source: Source, split: str) -> dict | None:
-        """source.load(split), from memory when this process loaded it already."""
-        key = (source, split)
-        if key not in self._splits:
-            self._splits[key] = source.load(split)
-            if len(self._splits) > self.size:
-                self._splits.popitem(last=False)
-        self._splits.move_to_end(key)
-        return self._splits[key]
-
-    def clear(self) -> None:
-        self._splits.clear()
-
-
-LOADED = LoadedSplits()  # the process's one memo of loaded splits (see LoadedSplits)
 
 
 def save_image_folder(data: dict, split_dir: str | Path, quality: int = 95) -> Path:

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from course_lib import config, experiments, hardware, results, speedrun, verdict
-from course_lib.ondevice import SpeedrunDataModule
+from course_lib import config, experiments, hardware, results, runs, speedrun, verdict
+from course_lib.data import CIFAR10DataModule
 from course_lib.timing import DeviceTimer
 from scripts.ports import airbench_port
 
@@ -88,9 +88,9 @@ DEVIATIONS = [  # (point, airbench94, the course before, resolution)
 ]
 
 
-def datamodule(args) -> SpeedrunDataModule:
-    dm = SpeedrunDataModule(image_folder=config.data_source(args.data), batch_size=args.batch, subset=args.subset,
-                            eval_subset=args.test_subset, seed=0, device="cpu")
+def datamodule(args) -> CIFAR10DataModule:
+    dm = runs.datamodule(kind="speedrun", image_folder=config.data_source(args.data), batch_size=args.batch,
+                         subset=args.subset, eval_subset=args.test_subset, seed=0, device="cpu")
     dm.prepare_data()
     dm.setup("fit")
     return dm

@@ -105,7 +105,7 @@ def stage_augmentation(dm, seed: int, batch: int, widths) -> list[str]:
     """Share mirrored per epoch, epoch 1 the complement, shift histogram: the course's AlternatingFlipTranslate draw
     and the port's Loader (recovered from its batches against its pre-padded images)."""
     n, r = len(dm.train_set), 2
-    dm.shuffle_seed = seed
+    dm.batching.shuffle_seed = seed
     batches = dm.train_dataloader()
     aug = batches.augment
     course = []
@@ -186,7 +186,7 @@ def stage_one_start(recipe, dm, seed: int, epochs: int) -> list[str]:
     finally:
         muon.Muon.step = orig_step
     plain = speedrun.evaluate_tta(module.net, dm.test_set.images, dm.test_set.labels, level=0)
-    dm.shuffle_seed = seed
+    dm.batching.shuffle_seed = seed
     train = CourseBatches(dm.train_dataloader())
     test = airbench_port.Loader(dm.test_set.images, dm.test_set.labels, 2000, train=False)
     plrs = []
@@ -211,7 +211,7 @@ def stage_one_start(recipe, dm, seed: int, epochs: int) -> list[str]:
     graded = port.make_model(recipe.widths)  # the course's trained net, graded by the port's evaluate
     graded.load_state_dict({port_name(k): v for k, v in module.net.state_dict().items() if k != "whitened"})
     by_port = [airbench_port.evaluate(graded, test, tta_level=level) for level in (2, 0)]
-    dm.shuffle_seed = seed
+    dm.batching.shuffle_seed = seed
     again = port.train(CourseBatches(dm.train_dataloader()), test, epochs, recipe.widths,
                        ns_dtype=muon.iteration_dtype("cpu"), init=nudged)
     per = len(train)

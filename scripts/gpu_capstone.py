@@ -49,8 +49,7 @@ from pathlib import Path
 
 import torch
 
-from course_lib import config, experiments, hardware, models, muon, results, sources, speedrun, timing, verdict
-from course_lib.ondevice import SpeedrunDataModule
+from course_lib import config, experiments, hardware, models, muon, results, runs, sources, speedrun, timing, verdict
 from course_lib.sources import ImageFolderSource, open_source
 from scripts import airbench_carry, lesson_checks
 from scripts.ports import airbench_muon_port, airbench_port, hiverge_port
@@ -153,7 +152,7 @@ def part_c(module, dm, report, *, trials, epochs, precision, deadline, head) -> 
     torch.manual_seed(1000)  # warm-up twin: compiles its graphs, so the timed runs exclude compilation
     twin = speedrun.Twin(models.AirNet(module.recipe.widths), module.recipe)  # compiled once
     twin.fit(dm.train_dataloader(), epochs, precision)
-    speedrun.evaluate_tta(twin.forward, dm.test_set.images, dm.test_set.labels, batch_size=dm.eval_batch_size,
+    speedrun.evaluate_tta(twin.forward, dm.test_set.images, dm.test_set.labels, batch_size=dm.batching.eval_batch_size,
                           precision=precision)
     def show(twins):
         report.set("c", head + table(
@@ -320,8 +319,8 @@ def main() -> int:
     precision = hardware.choose_precision()  # the course's policy: bf16 where native
     torch.backends.cudnn.benchmark = gpu
     with timing.Stopwatch("cuda" if gpu else "cpu") as load:  # until the split is on the device
-        dm = SpeedrunDataModule(image_folder=str(source), batch_size=batch, subset=subset, eval_subset=eval_subset,
-                                seed=0, device="cuda" if gpu else "cpu")
+        dm = runs.datamodule(kind="speedrun", image_folder=str(source), batch_size=batch, subset=subset,
+                             eval_subset=eval_subset, seed=0, device="cuda" if gpu else "cpu")
         dm.prepare_data()
         dm.setup("fit")
     info = hardware.facts()

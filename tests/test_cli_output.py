@@ -22,6 +22,7 @@ from course_lib.cli import main
 from course_lib.data import CIFAR10DataModule
 from course_lib.divergence import StopOnDivergence
 from course_lib.modules import ImageClassifierModule
+from course_lib.sampling import Loader
 
 REPO = Path(__file__).resolve().parents[1]
 LENET, RESNET9 = str(REPO / "configs" / "lenet.yaml"), str(REPO / "configs" / "resnet9.yaml")
@@ -196,13 +197,13 @@ def test_cli_output_on_a_cpu_is_quiet_and_debug_brings_lightnings_back(outputs, 
 def test_pin_memory_only_where_batches_go_to_a_gpu(tiny_folder, tmp_path):
     """pin_memory=True pins the loaders' batches when the Trainer's device is a GPU, not on a CPU (where torch would
     warn and pin nothing); without a Trainer, where this machine has a GPU. pin_memory=False never pins."""
-    dm = CIFAR10DataModule(image_folder=str(tiny_folder), data_dir=str(tmp_path), pin_memory=True)
+    dm = CIFAR10DataModule(image_folder=str(tiny_folder), data_dir=str(tmp_path), batching=Loader(pin_memory=True))
     dm.setup("fit")
     assert dm.val_dataloader().pin_memory is (hardware.gpu_count() > 0)
     for device, pinned in (("cpu", False), ("cuda", True)):
         dm.trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device(device)))
         assert dm.val_dataloader().pin_memory is pinned
-    dm.hparams.pin_memory = False
+    dm.batching.pin_memory = False
     assert dm.val_dataloader().pin_memory is False
 
 

@@ -13,7 +13,6 @@ from course_lib.data import (
     CIFAR10_MEAN,
     CIFAR10_STD,
     CIFAR10DataModule,
-    EpochSampler,
     Split,
     augment_batch,
     carve_splits,
@@ -21,6 +20,7 @@ from course_lib.data import (
     split_indices,
     to_float,
 )
+from course_lib.sampling import EpochSampler
 from course_lib.sources import load_image_folder, load_torchvision_cifar10
 
 MEAN = torch.tensor(CIFAR10_MEAN)[:, None, None]
@@ -205,18 +205,22 @@ def test_prepare_data_after_setup_does_not_list_the_folder_again(tiny_folder, tm
 
 
 def test_prepare_data_sets_no_state_and_setup_loads_once(tiny_folder, tmp_path, monkeypatch):
-    """prepare_data only writes the on-disk cache (Lightning runs it on one process): no attribute of the module, no
-    split in the process's memo; setup loads each split once, and another module on the same source reuses it."""
+    """prepare_data only writes the on-disk cache (Lightning runs it on one process): no attribute of the module
+    changes; setup loads each split once into the DataModule's own `loaded` (no process-wide memo), and a second
+    setup (test after fit) reads nothing again. Another DataModule reads the verified disk cache, never decodes."""
     from course_lib import sources
 
     dm = tiny_dm(tiny_folder, tmp_path)
     before = dict(vars(dm))
     dm.prepare_data()
-    assert vars(dm) == before and not sources.LOADED.holds(dm.source, "train")
+    assert vars(dm) == before and not dm.loaded
     assert list((tmp_path / "data" / "cache").glob("train-*.pt"))
     dm.setup("fit")
-    assert sources.LOADED.holds(dm.source, "train")
+    assert "train" in dm.loaded
     monkeypatch.setattr(sources, "load_image_folder", lambda *a: pytest.fail("read again"))
+    dm.setup("test")
+    monkeypatch.undo()
+    monkeypatch.setattr(sources, "decode_image", lambda *a: pytest.fail("decoded again"))
     again = tiny_dm(tiny_folder, tmp_path)
     again.setup("fit")
     assert torch.equal(again.train_set.images, dm.train_set.images)

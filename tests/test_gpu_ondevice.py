@@ -10,8 +10,9 @@ import lightning as L
 import pytest
 import torch
 
+from course_lib.data import CIFAR10DataModule
 from course_lib.modules import ImageClassifierModule
-from course_lib.ondevice import DeviceBatches, DeviceCIFAR10DataModule
+from course_lib.ondevice import DeviceBatches, OnDevice
 
 
 def fingerprint(x: torch.Tensor) -> list[float]:
@@ -60,17 +61,17 @@ class RecordingModule(ImageClassifierModule):
 
 
 def test_two_ddp_processes_train_on_disjoint_covering_shares(tmp_path, tiny_folder, monkeypatch):
-    """Lightning DDP on 2 CPU processes (gloo) with DeviceCIFAR10DataModule: the ranks' training images are disjoint
-    and together all of the training split, one epoch each."""
+    """Lightning DDP on 2 CPU processes (gloo) with the on-device batching (OnDevice): the ranks' training images are
+    disjoint and together all of the training split, one epoch each."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     dm_kwargs = dict(image_folder=str(tiny_folder), batch_size=8, val_fraction=0.2, test_fraction=0.0, seed=0,
-                     device="cpu")
+                     batching=OnDevice("cpu"))
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", max_epochs=1, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         num_sanity_val_steps=0, limit_val_batches=0)
-    trainer.fit(RecordingModule(str(tmp_path)), datamodule=DeviceCIFAR10DataModule(**dm_kwargs))
+    trainer.fit(RecordingModule(str(tmp_path)), datamodule=CIFAR10DataModule(**dm_kwargs))
     seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
-    dm = DeviceCIFAR10DataModule(**dm_kwargs)
+    dm = CIFAR10DataModule(**dm_kwargs)
     dm.prepare_data()
     dm.setup("fit")
     everything = fingerprint(next(iter(DeviceBatches(dm.train_set.images, dm.train_set.labels, 10_000)))[0])

@@ -207,10 +207,11 @@ def test_muon_recipe_optimizer_steps_as_airbench94_muon(hardware_class, cls):
 def test_module_and_twin_train_the_muon_recipe_alike(tiny_folder, session_data_root):
     """SpeedrunModule (Lightning) and the twin with speedrun.MUON on real images: the same losses step for step."""
     from course_lib import experiments
-    from course_lib.ondevice import SpeedrunDataModule
+    from course_lib.data import CIFAR10DataModule
+    from course_lib.ondevice import Speedrun
 
-    dm = SpeedrunDataModule(image_folder=str(tiny_folder), data_dir=str(session_data_root), batch_size=16, seed=0,
-                            device="cpu")
+    dm = CIFAR10DataModule(image_folder=str(tiny_folder), data_dir=str(session_data_root), batch_size=16, seed=0,
+                           val_fraction=0.0, batching=Speedrun("cpu"))
     dm.setup("fit")
     module = speedrun.SpeedrunModule(dataclasses.replace(speedrun.MUON, widths=(8, 16, 16), batch_size=16))
     run = experiments.run_seed(module, dm, seed=0, epochs=2, precision="32-true")
@@ -282,10 +283,11 @@ def test_module_and_twin_start_from_the_drawn_whitening_bias(tiny_folder, sessio
     import lightning as L
 
     from course_lib import experiments
-    from course_lib.ondevice import SpeedrunDataModule
+    from course_lib.data import CIFAR10DataModule
+    from course_lib.ondevice import Speedrun
 
-    dm = SpeedrunDataModule(image_folder=str(tiny_folder), data_dir=str(session_data_root), batch_size=20, seed=0,
-                            device="cpu")
+    dm = CIFAR10DataModule(image_folder=str(tiny_folder), data_dir=str(session_data_root), batch_size=20, seed=0,
+                           val_fraction=0.0, batching=Speedrun("cpu"))
     dm.setup("fit")
     recipe = dataclasses.replace(speedrun.MUON, widths=(8, 16, 16), batch_size=20, whiten_bias_epochs=0)
     L.seed_everything(3, verbose=False)
@@ -304,13 +306,14 @@ def test_lightning_trains_as_airbench94_muons_loop_from_one_start(hardware_class
     4 epochs: the epoch boundaries, the whitening bias's decay and its freeze after epoch 3 (fp32 iteration; at this
     size rounding has not yet grown, as it does over longer runs: the stage check's nudged row)."""
     from course_lib import experiments
-    from course_lib.ondevice import SpeedrunDataModule
+    from course_lib.data import CIFAR10DataModule
+    from course_lib.ondevice import Speedrun
     from scripts import fidelity_muon_stages as stages
     from scripts.ports import airbench_port
 
     hardware_class("cpu-avx2")
-    dm = SpeedrunDataModule(image_folder=str(tiny_folder), data_dir=str(session_data_root), batch_size=20, seed=0,
-                            device="cpu")
+    dm = CIFAR10DataModule(image_folder=str(tiny_folder), data_dir=str(session_data_root), batch_size=20, seed=0,
+                           val_fraction=0.0, batching=Speedrun("cpu"))
     dm.setup("fit")
     recipe = dataclasses.replace(speedrun.MUON, widths=(8, 16, 16), batch_size=20)
     module = stages.course_net(recipe, 1)
@@ -318,7 +321,7 @@ def test_lightning_trains_as_airbench94_muons_loop_from_one_start(hardware_class
     speedrun.whiten_from(start, dm.train_set.images, recipe)
     state = {stages.port_name(k): v for k, v in start.state_dict().items() if k != "whitened"}
     run = experiments.run_seed(module, dm, seed=1, epochs=4, precision="32-true")
-    dm.shuffle_seed = 1
+    dm.batching.shuffle_seed = 1
     test = airbench_port.Loader(dm.test_set.images, dm.test_set.labels, 2000, train=False)
     out = port.train(stages.CourseBatches(dm.train_dataloader()), test, 4, recipe.widths, ns_dtype=torch.float32,
                      init=lambda m: m.load_state_dict(state))

@@ -38,7 +38,7 @@ def fit(folder, tmp_path, seed=0, max_epochs=2, callbacks=(), ckpt_path=None):
     """Seed, build LeNet and the data, and fit on CPU; returns the trainer and the module."""
     L.seed_everything(seed, workers=True)
     dm = CIFAR10DataModule(image_folder=str(folder), data_dir=str(tmp_path / "data"), batch_size=64, subset=512,
-                           eval_subset=64, augment=False, num_workers=0)
+                           eval_subset=64, augment=False)
     module = RecordingModule(backbone="lenet", lr=0.05)
     trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=max_epochs, deterministic=True, logger=False,
                         enable_checkpointing=bool(callbacks), enable_progress_bar=False,

@@ -152,7 +152,7 @@ def test_loader_skips_only_on_its_first_pass_after_a_restore(tiny_folder, tmp_pa
     an earlier, finished trainer hands a new fit its whole epoch."""
     dm = CIFAR10DataModule(image_folder=str(tiny_folder), data_dir=str(tmp_path / "data"), batch_size=BATCH)
     dm.setup("fit")
-    dm._batches_done = lambda: 2  # what an earlier trainer's finished loop would report
+    dm.batches_done = lambda: 2  # what an earlier trainer's finished loop would report
     assert len(list(dm.train_dataloader())) == 6
     dm.load_state_dict(dm.state_dict())
     resumed = dm.train_dataloader()

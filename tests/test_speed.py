@@ -11,7 +11,7 @@ from course_lib import bench, scaling, timing, verdict
 from course_lib.data import CIFAR10DataModule
 from course_lib.errors import CourseError
 from course_lib.modules import ImageClassifierModule
-from course_lib.ondevice import DeviceCIFAR10DataModule
+from course_lib.ondevice import OnDevice
 
 
 @pytest.fixture
@@ -142,7 +142,7 @@ def test_too_few_steps_is_a_clear_error(dm_kwargs):
 
 def test_device_batches_match_the_dataloader(dm_kwargs):
     """With augmentation off, the GPU-resident module yields the same batches as the DataLoader module."""
-    cpu, dev = CIFAR10DataModule(**dm_kwargs), DeviceCIFAR10DataModule(**dm_kwargs, device="cpu")
+    cpu, dev = CIFAR10DataModule(**dm_kwargs), CIFAR10DataModule(**dm_kwargs, batching=OnDevice("cpu"))
     cpu.setup("fit"), dev.setup("fit")
     for loader_a, loader_b in ((cpu.train_dataloader(), dev.train_dataloader()),
                                (cpu.val_dataloader(), dev.val_dataloader())):
@@ -153,7 +153,7 @@ def test_device_batches_match_the_dataloader(dm_kwargs):
 
 def test_device_batches_follow_the_epoch(dm_kwargs):
     """Shuffling depends on the epoch Lightning sets, as for the DataLoader module."""
-    dev = DeviceCIFAR10DataModule(**dm_kwargs, device="cpu")
+    dev = CIFAR10DataModule(**dm_kwargs, batching=OnDevice("cpu"))
     dev.setup("fit")
     loader = dev.train_dataloader()
     first = torch.cat([y for _, y in loader])
@@ -343,7 +343,7 @@ def test_device_data_module_trains_validates_and_tests(dm_kwargs):
     """The GPU-resident module works in a full Lightning fit (with validation) and test, on any device."""
     import lightning as L
 
-    dm = DeviceCIFAR10DataModule(**dm_kwargs)
+    dm = CIFAR10DataModule(**dm_kwargs, batching=OnDevice())
     trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(ImageClassifierModule("simple_cnn", num_classes=3), datamodule=dm)  # tiny_folder: 3 classes

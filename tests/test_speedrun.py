@@ -8,9 +8,9 @@ import yaml
 from lightning.pytorch.cli import LightningCLI
 
 from course_lib import experiments, optim, speedrun, timing
-from course_lib.data import CIFAR10_MEAN, CIFAR10_STD, to_float
+from course_lib.data import CIFAR10_MEAN, CIFAR10_STD, CIFAR10DataModule, to_float
 from course_lib.models import WIDTHS, AirNet, count_parameters
-from course_lib.ondevice import AlternatingFlipTranslate, DeviceBatches, SpeedrunDataModule
+from course_lib.ondevice import AlternatingFlipTranslate, DeviceBatches, Speedrun
 from course_lib.speedrun import Recipe, SpeedrunModule
 
 SMALL = (8, 16, 16)  # a narrow AirNet: the same code path, a fraction of the compute
@@ -304,10 +304,11 @@ def test_bad_inputs_give_clear_errors(real):
 
 
 def test_datamodule_carves_splits_once_and_serves_device_batches(tiny_folder, session_data_root):
-    """SpeedrunDataModule reuses CIFAR10DataModule's seeded splits, minus validation; shuffle_seed changes the order;
+    """The speedrun batching serves the DataModule's seeded splits, minus validation; shuffle_seed changes the order;
     a module fitted on it whitens from its training images (the data's), not from an argument."""
-    kw = dict(image_folder=str(tiny_folder), data_dir=str(session_data_root), batch_size=16, seed=0, device="cpu")
-    a, b = SpeedrunDataModule(**kw), SpeedrunDataModule(**kw, shuffle_seed=7)
+    kw = dict(image_folder=str(tiny_folder), data_dir=str(session_data_root), batch_size=16, seed=0, val_fraction=0.0)
+    a = CIFAR10DataModule(**kw, batching=Speedrun("cpu"))
+    b = CIFAR10DataModule(**kw, batching=Speedrun("cpu", shuffle_seed=7))
     a.setup("fit"), b.setup("fit")
     assert len(a.val_set) == 0 and len(a.test_set) == 6 and len(a.train_set) == 54  # no validation: 60 - 6 test
     assert torch.equal(a.test_set.labels, b.test_set.labels)

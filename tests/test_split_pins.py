@@ -1,5 +1,6 @@
 """The splits a seed gives are pinned: the indices below were printed by the stacked DataModules (CIFAR10DataModule,
-SpeedrunDataModule) before the data layer was composed (issue 45, item 3), so a refactor cannot move them."""
+SpeedrunDataModule) before the data layer was composed as one DataModule with batching strategies (issue 45,
+item 3), so a refactor cannot move them."""
 from __future__ import annotations
 
 import pytest
@@ -47,11 +48,10 @@ SUBSET_PINS = [
 @pytest.mark.parametrize("kind, kw, pins", SUBSET_PINS)
 def test_datamodule_splits_and_subsets_are_the_pinned_images(tiny_folder, tmp_path, kind, kw, pins):
     """The DataModule's train/val/test images (their places in the folder), subsets included, for a seed."""
-    from course_lib.data import CIFAR10DataModule
-    from course_lib.ondevice import SpeedrunDataModule
+    from course_lib import runs
 
-    cls = CIFAR10DataModule if kind == "loader" else SpeedrunDataModule
-    dm = cls(image_folder=str(tiny_folder), data_dir=str(tmp_path / "data"), **kw)
+    sizes = {"subset": None, "eval_subset": None}  # not the run size's subsets: only those the pins name
+    dm = runs.datamodule(kind=kind, image_folder=str(tiny_folder), data_dir=str(tmp_path / "data"), **{**sizes, **kw})
     dm.prepare_data()
     dm.setup("fit")
     assert [getattr(dm, name).index.tolist() for name in ("train_set", "val_set", "test_set")] == pins
