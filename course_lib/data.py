@@ -14,7 +14,7 @@ from . import config, hardware, internals
 from .errors import CourseError, MissingPathError
 from .sampling import Batching, Loader
 from .sources import CIFAR10_CLASSES as CIFAR10_CLASSES  # re-exported: the lessons import it from here
-from .sources import SPLITS, Source, cache_image_folder, list_image_folder, load_image_folder, open_source
+from .sources import SPLITS, LoadedSplits, Source, cache_image_folder, list_image_folder, load_image_folder, open_source
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)  # per-channel statistics of the CIFAR-10 training images
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
@@ -139,7 +139,7 @@ class CIFAR10DataModule(L.LightningDataModule):
     """CIFAR-10 (torchvision download), any <root>/<split>/<class>/*.jpg folder, or a saved .pt tensor file, chosen
     once here (sources.open_source); seeded splits (carve_splits). Normalised with CIFAR-10's statistics
     (normalize=False: [0, 1]). `batching` serves the splits: Loader() (default, a DataLoader), ondevice.OnDevice()
-    (the splits on the accelerator) or ondevice.Speedrun() (lesson 08's). The splits it loads stay its own."""
+    (the splits on the accelerator) or ondevice.Speedrun() (lesson 08's). The splits it reads are its own (`loaded`)."""
 
     def __init__(self, *, image_folder: str | None = None, data_dir: str | None = None, test_folder: str | None = None,
                  mirror_url: str | None = None, batch_size: int = 64, augment: bool = False, normalize: bool = True,
@@ -151,7 +151,7 @@ class CIFAR10DataModule(L.LightningDataModule):
         self.data_dir = Path(data_dir) if data_dir else config.data_root()
         self.source: Source = open_source(image_folder, data_dir=self.data_dir, mirror_url=mirror_url)
         self.classes: list[str] = []
-        self.loaded: dict[str, dict | None] = {}  # the splits this DataModule read, by name: read once, kept
+        self.loaded = LoadedSplits()  # the splits it read, its own (runs.datamodule(loaded=...) shares one)
         self.resumed_rng_state: torch.Tensor | None = None  # from a checkpoint, for the next training loader
         self._test_source: tuple[Path | None, str] = (None, "test")  # the test images' folder (None: no files), split
 
@@ -175,14 +175,12 @@ class CIFAR10DataModule(L.LightningDataModule):
         if self.hparams.test_folder:
             cache_image_folder(self._test_folder(), self.data_dir / "cache")
         for split in SPLITS:
-            if split not in self.loaded:
+            if not self.loaded.holds(self.source, split):
                 self.source.ensure_cached(split)
 
     def _load(self, split: str) -> dict | None:
-        """source.load(split), once per DataModule (a second setup, e.g. test after fit, reads nothing)."""
-        if split not in self.loaded:
-            self.loaded[split] = self.source.load(split)
-        return self.loaded[split]
+        """source.load(split), once per `loaded` (a second setup, e.g. test after fit, reads nothing)."""
+        return self.loaded.load(self.source, split)
 
     def setup(self, stage: str | None = None) -> None:
         """Load the tensors and carve validation/test splits from training with a seeded generator (once: the

@@ -16,6 +16,7 @@ from . import config, hardware
 from .data import CIFAR10DataModule
 from .ondevice import OnDevice, Speedrun
 from .sampling import Loader
+from .sources import LoadedSplits
 
 #: Trainer settings for a timing run: nothing but training (no validation, logging, checkpoints or progress bar)
 TIMING = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
@@ -32,16 +33,20 @@ def data_kwargs(lesson: str | None = None, **overrides) -> dict:
             **overrides}
 
 
-def datamodule(lesson: str | None = None, kind: str = "loader", **overrides) -> CIFAR10DataModule:
+def datamodule(lesson: str | None = None, kind: str = "loader", loaded: LoadedSplits | None = None,
+               **overrides) -> CIFAR10DataModule:
     """A lesson's CIFAR10DataModule batched by kind: "loader" (a DataLoader over decoded images), "device" (the data on
     the accelerator) or "speedrun" (lesson 08's batches). Keyword overrides go to the DataModule (batch_size, seed,
-    ...) or, where the strategy takes them, to the strategy (device, num_workers, eval_batch_size, ...)."""
+    ...) or, where the strategy takes them, to the strategy (device, num_workers, eval_batch_size, ...). `loaded`: a
+    sources.LoadedSplits the caller's DataModules share (a lesson's benchmarks read the disk cache once)."""
     if kind not in BATCHING:
         raise ValueError(f"kind must be one of {sorted(BATCHING)}, got {kind!r}.")
     strategy = BATCHING[kind]
     own = {k: overrides.pop(k) for k in list(overrides) if k in inspect.signature(strategy).parameters}
-    return CIFAR10DataModule(**data_kwargs(lesson, **{**KIND_DEFAULTS.get(kind, {}), **overrides}),
-                             batching=strategy(**own))
+    dm = CIFAR10DataModule(**data_kwargs(lesson, **{**KIND_DEFAULTS.get(kind, {}), **overrides}),
+                           batching=strategy(**own))
+    dm.loaded = loaded if loaded is not None else dm.loaded
+    return dm
 
 
 def trainer_kwargs(lesson: str | None = None, precision: str | None = None, timing: bool = False,

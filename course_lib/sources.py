@@ -5,6 +5,7 @@ image folder or a JPEG pack (save_jpeg_pack, the compact file carried to a GPU m
 from __future__ import annotations
 
 import io
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,6 +223,29 @@ def open_source(path: str | Path | None, *, data_dir: str | Path, mirror_url: st
         return TorchvisionSource(Path(data_dir), mirror_url)
     path = Path(path).expanduser()
     return TensorFileSource(path) if path.is_file() else ImageFolderSource(path, Path(data_dir) / "cache")
+
+
+class LoadedSplits:
+    """Splits read from their sources, keyed by (source, split), the most recent `size` kept: a cache object that a
+    caller passes to the DataModules sharing a source (runs.datamodule(loaded=...)), so that a benchmark building many
+    reads the disk cache once. Owned by its caller, never process-wide: a new one reads afresh. Loaded splits are
+    read-only: datasets index into them."""
+
+    def __init__(self, size: int = 8):
+        self.size, self._splits = size, OrderedDict()
+
+    def holds(self, source: Source, split: str) -> bool:
+        return (source, split) in self._splits
+
+    def load(self, source: Source, split: str) -> dict | None:
+        """source.load(split), from memory when this object loaded it already."""
+        key = (source, split)
+        if key not in self._splits:
+            self._splits[key] = source.load(split)
+            if len(self._splits) > self.size:
+                self._splits.popitem(last=False)
+        self._splits.move_to_end(key)
+        return self._splits[key]
 
 
 def save_image_folder(data: dict, split_dir: str | Path, quality: int = 95) -> Path:

@@ -181,8 +181,9 @@ class SpeedrunModule(ClassifierSystem):
             images = getattr(self.trainer.train_dataloader, "images", None)  # the data's, not a hyperparameter
             if images is None:
                 raise ValueError("SpeedrunModule whitens from the training images before the first step, and these "
-                                 "batches have no .images: train on DeviceBatches (SpeedrunDataModule's), or call "
-                                 "speedrun.whiten_from(module.net, <uint8 (N, 3, 32, 32) images>) first.")
+                                 "batches have no .images: train on DeviceBatches (the speedrun batching's, "
+                                 "ondevice.Speedrun), or call speedrun.whiten_from(module.net, <uint8 (N, 3, 32, 32) "
+                                 "images>) first.")
             whiten_from(self.net, images, self.recipe)
         self.lookahead = Lookahead(self.net) if self.recipe.lookahead_every else None
         self.step_losses, self.total_steps = [], int(self.trainer.estimated_stepping_batches)

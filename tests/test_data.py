@@ -207,18 +207,22 @@ def test_prepare_data_after_setup_does_not_list_the_folder_again(tiny_folder, tm
 def test_prepare_data_sets_no_state_and_setup_loads_once(tiny_folder, tmp_path, monkeypatch):
     """prepare_data only writes the on-disk cache (Lightning runs it on one process): no attribute of the module
     changes; setup loads each split once into the DataModule's own `loaded` (no process-wide memo), and a second
-    setup (test after fit) reads nothing again. Another DataModule reads the verified disk cache, never decodes."""
+    setup (test after fit) reads nothing again; a DataModule given the same `loaded` reads nothing, one without it
+    reads the verified disk cache and decodes nothing."""
     from course_lib import sources
 
     dm = tiny_dm(tiny_folder, tmp_path)
     before = dict(vars(dm))
     dm.prepare_data()
-    assert vars(dm) == before and not dm.loaded
+    assert vars(dm) == before and not dm.loaded.holds(dm.source, "train")
     assert list((tmp_path / "data" / "cache").glob("train-*.pt"))
     dm.setup("fit")
-    assert "train" in dm.loaded
+    assert dm.loaded.holds(dm.source, "train")
     monkeypatch.setattr(sources, "load_image_folder", lambda *a: pytest.fail("read again"))
     dm.setup("test")
+    shared = tiny_dm(tiny_folder, tmp_path)
+    shared.loaded = dm.loaded
+    shared.setup("fit")
     monkeypatch.undo()
     monkeypatch.setattr(sources, "decode_image", lambda *a: pytest.fail("decoded again"))
     again = tiny_dm(tiny_folder, tmp_path)
