@@ -21,7 +21,7 @@ FIELDS = ["name", "images_per_s", "images_per_s_min", "images_per_s_max", "step_
 
 
 def bench(module: L.LightningModule, datamodule: L.LightningDataModule, name: str, *, steps: int, warmup: int = 5,
-          precision: str = "32-true", accelerator: str = "auto", clock: Callable[[], float] = time.perf_counter,
+          precision: str = hardware.BASELINE, accelerator: str = "auto", clock: Callable[[], float] = time.perf_counter,
           callback: BenchCallback | None = None, **trainer_kwargs) -> dict | None:
     """Train `warmup + steps` steps and return one result row (see FIELDS) for the timed steps.
 
@@ -43,7 +43,7 @@ class BenchConfig:
     """One configuration of a benchmark table, what run_configs reads of it: the row's name, precision and Trainer
     settings; `build` holds what the caller's make(config) reads to build the module and data (its own keys)."""
     name: str
-    precision: str = "32-true"
+    precision: str = hardware.BASELINE
     trainer: dict = field(default_factory=dict)  # more Trainer arguments: devices, strategy, ...
     build: dict = field(default_factory=dict)  # e.g. model and data settings, for make
 
@@ -55,7 +55,7 @@ class BenchConfig:
         if "name" not in cfg:
             raise CourseError(f"A benchmark configuration needs a 'name' (its row's label); got keys {sorted(cfg)}.")
         build = {k: v for k, v in cfg.items() if k not in ("name", "precision", "trainer")}
-        return cls(cfg["name"], cfg.get("precision", "32-true"), cfg.get("trainer", {}), build)
+        return cls(cfg["name"], cfg.get("precision", hardware.BASELINE), cfg.get("trainer", {}), build)
 
 
 def run_configs(configs: list[BenchConfig | dict], make: Callable[[BenchConfig | dict], tuple], steps: int,

@@ -162,6 +162,7 @@ PRECISION_FORMATS = {
     "bf16-mixed": ("bf16", torch.bfloat16, "bf16"),
 }
 PRECISIONS = tuple(PRECISION_FORMATS)
+BASELINE = PRECISIONS[0]  # a benchmark row's precision where it names none: fp32, what the rows compare against
 
 
 def precision_name(given) -> str:

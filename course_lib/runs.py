@@ -10,6 +10,7 @@ import re
 import warnings
 
 import lightning as L
+import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 
 from . import config, hardware
@@ -60,8 +61,9 @@ def trainer_kwargs(lesson: str | None = None, precision: str | None = None, timi
             "enable_progress_bar": False, "enable_model_summary": False}
     kwargs = {**base, **(TIMING if timing else {}), **overrides}
     kwargs["precision"] = hardware.choose_precision(precision, accelerator=kwargs["accelerator"])
-    if kwargs["precision"] == "16-mixed" and (kwargs["accelerator"] == "cpu" or hardware.gpu_count() == 0):
-        kwargs.update(precision=None, plugins=[*kwargs.get("plugins", []), MixedPrecision("16-mixed", "cpu")])
+    fp16 = hardware.autocast_dtype(kwargs["precision"]) == torch.float16  # 16-mixed: fp16 with loss scaling
+    if fp16 and (kwargs["accelerator"] == "cpu" or hardware.gpu_count() == 0):
+        kwargs.update(precision=None, plugins=[*kwargs.get("plugins", []), MixedPrecision(kwargs["precision"], "cpu")])
     return kwargs
 
 

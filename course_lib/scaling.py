@@ -35,7 +35,7 @@ class DDPBenchCallback(BenchCallback):
 
 
 def measure(make, *, devices: int, accelerator: str = "cpu", strategy: str = "auto", warmup: int = 3,
-            steps: int = 10, precision: str = "32-true", name: str | None = None) -> dict | None:
+            steps: int = 10, precision: str = hardware.BASELINE, name: str | None = None) -> dict | None:
     """Train `make()` -> (module, datamodule) on `devices` processes with bench.bench; the result row on rank 0,
     None elsewhere."""
     module, dm = make()
@@ -61,7 +61,7 @@ def measure_script(devices: int, out: str | Path, timeout: float = 900, **opts) 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="DDP training throughput on N devices; rank 0 writes the row to --out.")
     for flag, kind, default in [("devices", int, 1), ("accelerator", str, "gpu" if num_cuda_devices() else "cpu"),
-                                ("model", str, "resnet9"), ("batch", int, 64), ("precision", str, "32-true"),
+                                ("model", str, "resnet9"), ("batch", int, 64), ("precision", str, hardware.BASELINE),
                                 ("warmup", int, 3), ("steps", int, 10), ("workers", int, 0), ("data", str, None),
                                 ("lesson", str, None), ("threads", int, None)]:
         p.add_argument(f"--{flag}", type=kind, default=default)

@@ -253,7 +253,7 @@ class Twin:
         dtype, device = hardware.autocast_dtype(precision), batches.images.device
         net = self.net.to(device)
         # fp16 (a T4's choice) needs loss scaling, as Lightning's 16-mixed does: GradScaler on this device type
-        scaler = torch.amp.GradScaler(device.type, enabled=precision == "16-mixed")
+        scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
         net.train()
         if not bool(net.whitened):
             whiten_from(net, batches.images, r)

@@ -49,13 +49,14 @@ def selective_tta_logits(model: nn.Module, x: torch.Tensor, fraction: float = 0.
 
 @torch.no_grad()
 def evaluate_tta(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, level: int = 2,
-                 batch_size: int = 1000, precision: str = "32-true", select: float = 1.0) -> float:
+                 batch_size: int = 1000, precision: str | None = None, select: float = 1.0) -> float:
     """Accuracy of model on uint8 images (N, 3, H, W) with test-time augmentation; one host sync at the end.
-    Autocast in `precision`'s dtype (a Lightning precision), as training ran. select < 1 (level 2): selective TTA
-    on that fraction of each batch (selective_tta_logits)."""
+    Autocast in `precision`'s dtype, as training ran (a Lightning precision through hardware.choose_precision: None is
+    the policy, as for training). select < 1 (level 2): selective TTA on that fraction of each batch
+    (selective_tta_logits)."""
     if level not in (0, 1, 2):
         raise ValueError(f"TTA level must be 0 (none), 1 (mirror) or 2 (mirror + shifts), got {level}.")
-    dtype = hardware.autocast_dtype(precision)
+    dtype = hardware.autocast_dtype(hardware.choose_precision(precision))
     was_training, acc = model.training, top1_accuracy().to(images.device)
     model.eval()
     with torch.autocast(images.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):

@@ -100,7 +100,8 @@ def run_course(dm, args, seed: int) -> dict:
     extras = EXTRAS[args.extras][0]
     module = speedrun.SpeedrunModule(speedrun.Recipe(widths=tuple(args.widths), batch_size=args.batch, **extras))
     run = experiments.run_seed(module, dm, seed=seed, epochs=args.epochs, precision=PRECISIONS[args.precision][0])
-    plain = speedrun.evaluate_tta(module.net, dm.test_set.images, dm.test_set.labels, level=0)
+    plain = speedrun.evaluate_tta(module.net, dm.test_set.images, dm.test_set.labels, level=0,
+                                   precision="32-true")  # fp32 whatever the run trained in, as before
     return {"acc": run.acc, "acc_no_tta": plain, "time_s": run.total_s, "steps": run.steps,
             "final_loss": run.losses[-5:].mean().item()}
 

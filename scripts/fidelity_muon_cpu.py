@@ -37,7 +37,7 @@ def run_course(dm, args, seed: int) -> dict:
     recipe = course_recipe(args)
     module = speedrun.SpeedrunModule(recipe)
     run = experiments.run_seed(module, dm, seed=seed, epochs=args.epochs, precision="32-true")
-    plain = speedrun.evaluate_tta(module.net, dm.test_set.images, dm.test_set.labels, level=0)
+    plain = speedrun.evaluate_tta(module.net, dm.test_set.images, dm.test_set.labels, level=0, precision="32-true")
     return {"acc": run.acc, "acc_no_tta": plain, "time_s": run.total_s, "steps": run.steps,
             "final_loss": run.losses[-5:].mean().item()}
 

@@ -185,7 +185,7 @@ def stage_one_start(recipe, dm, seed: int, epochs: int) -> list[str]:
         run = experiments.run_seed(module, dm, seed=seed, epochs=epochs, precision="32-true")
     finally:
         muon.Muon.step = orig_step
-    plain = speedrun.evaluate_tta(module.net, dm.test_set.images, dm.test_set.labels, level=0)
+    plain = speedrun.evaluate_tta(module.net, dm.test_set.images, dm.test_set.labels, level=0, precision="32-true")
     dm.batching.shuffle_seed = seed
     train = CourseBatches(dm.train_dataloader())
     test = airbench_port.Loader(dm.test_set.images, dm.test_set.labels, 2000, train=False)

@@ -153,7 +153,7 @@ def test_tta_levels_and_accuracy_against_a_hand_count(real):
     with torch.no_grad():
         hand = sum((net(xb).argmax(1) == yb).sum().item() for xb, yb in DeviceBatches(images, labels, 25))
     # float32 metric: within 1e-6 of the exact fraction (one image here is 1/60)
-    acc = speedrun.evaluate_tta(net, images, labels, level=0, batch_size=25)
+    acc = speedrun.evaluate_tta(net, images, labels, level=0, batch_size=25, precision="32-true")
     assert acc == pytest.approx(hand / len(labels), abs=1e-6)
     with pytest.raises(ValueError, match="TTA level"):
         speedrun.evaluate_tta(net, images, labels, level=3)

@@ -132,11 +132,14 @@ def inputs_02():
 
 def _02_fit(settings: Callable[[], dict], dm, steps: int, *, warmup: int = 5, poison_at: int | None = None) -> dict:
     """Train the check's LeNet with Trainer(**settings()); seconds per image, steps taken, loggers, checkpoints."""
-    kwargs, cb = settings(), timing.BenchCallback(warmup, steps)
+    kwargs, cb = dict(settings()), timing.BenchCallback(warmup, steps)
     # runs.TIMING but for what the exercise is about: the learner's settings choose the logger and checkpoints
     quiet = {k: v for k, v in runs.TIMING.items() if k not in ("logger", "enable_checkpointing")}
-    trainer = L.Trainer(**{"accelerator": "auto", "devices": 1, "max_epochs": None, **quiet, **kwargs,
-                           "max_steps": warmup + steps, "callbacks": [*kwargs.get("callbacks", []), cb]})
+    # the precision through the one decision: the learner's, else Lightning's default, the fp32 baseline lesson 02 uses
+    precision = kwargs.pop("precision", hardware.BASELINE)
+    trainer = runs.trainer(None, precision, **{"accelerator": "auto", "devices": 1, "max_epochs": None, **quiet,
+                                               **kwargs, "max_steps": warmup + steps,
+                                               "callbacks": [*kwargs.get("callbacks", []), cb]})
     L.seed_everything(0, verbose=False)
     error = None
     try:

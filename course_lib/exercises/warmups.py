@@ -5,11 +5,10 @@ from __future__ import annotations
 import math
 import statistics
 
-import lightning as L
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from .. import timing
+from .. import runs, timing
 
 
 def check(name: str, answer, expected, rel_tol: float = 0.05) -> bool | None:
@@ -93,8 +92,8 @@ def bf16_values_in_octave(name: str, answer):
 def images_per_optimizer_step(name: str, answer, *, devices: int, per_device: int, accumulate: int):
     """Images one optimiser step averages over, asked of a Trainer built (not started) on CPU processes."""
     def expected():
-        planned = L.Trainer(accelerator="cpu", devices=devices, strategy="ddp_notebook",
-                            accumulate_grad_batches=accumulate, logger=False)
+        planned = runs.trainer(None, accelerator="cpu", devices=devices, strategy="ddp_notebook",
+                               accumulate_grad_batches=accumulate, logger=False)
         return planned.world_size * planned.accumulate_grad_batches * per_device
     return _ask(name, answer, expected, 0)
 
