@@ -2,13 +2,8 @@
 the DataLoader batching strategy (Loader) that serves a DataModule's splits with them."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch.utils.data import DataLoader, Sampler
-
-if TYPE_CHECKING:  # the DataModule imports this module: its type for hints only
-    from .data import CIFAR10DataModule
 
 EPOCH_STRIDE = 100_003  # a prime above any epoch count: (seed, epoch) pairs never share a generator seed
 
@@ -74,10 +69,10 @@ class Batching:
     """How a DataModule serves its splits (its `batching`): place(dm) once the splits are carved, then loader(dm,
     split dataset, train) for each stage's batches. Loader here, ondevice.OnDevice and ondevice.Speedrun."""
 
-    def place(self, dm: CIFAR10DataModule) -> None:
+    def place(self, dm) -> None:
         """Put the DataModule's splits where the batches are cut (nothing to do by default)."""
 
-    def loader(self, dm: CIFAR10DataModule, ds, train: bool):
+    def loader(self, dm, ds, train: bool):
         raise NotImplementedError
 
 
@@ -88,7 +83,7 @@ class Loader(Batching):
     def __init__(self, num_workers: int = 0, pin_memory: bool = False, persistent_workers: bool = False):
         self.num_workers, self.pin_memory, self.persistent_workers = num_workers, pin_memory, persistent_workers
 
-    def loader(self, dm: CIFAR10DataModule, ds, train: bool) -> DataLoader:
+    def loader(self, dm, ds, train: bool) -> DataLoader:
         """One split's batches; training batches in the (seed, epoch) order, resumable mid-epoch."""
         kwargs = dict(batch_size=dm.hparams.batch_size, num_workers=self.num_workers, collate_fn=_batch_as_is,
                       pin_memory=self.pin_memory and dm.device().type != "cpu",
