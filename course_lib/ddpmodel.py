@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .parallel import Job, toy_data, toy_model, train_steps
 
@@ -25,7 +26,7 @@ REPEATS = 7  # timed all-reduces per size, and rounds of the step alone and besi
 def _cost_worker(rank: int, job: Job, sizes: tuple[int, ...], repeats: int) -> None:
     job.join(rank, max(1, (os.cpu_count() or 1) // job.world))
     try:
-        found = {"allreduce_s": {}, "alone_s": [], "beside_s": []}
+        found = {"allreduce_s": {}, "alone_s": [], "beside_s": [], "ddp_s": []}
         for nbytes in sizes:  # the median call per size, after one untimed call that sets up gloo's buffers
             buf, took = torch.zeros(max(1, nbytes // 4)), []
             for _ in range(repeats + 1):
@@ -35,13 +36,14 @@ def _cost_worker(rank: int, job: Job, sizes: tuple[int, ...], repeats: int) -> N
                 took.append(time.perf_counter() - start)
             found["allreduce_s"][nbytes] = statistics.median(took[1:])
         xs, ys = toy_data(job.steps, job.batch, job.model, job.seed)  # a whole batch per process, as DDP's rows
-        train_steps(toy_model(job.model, job.seed), xs[:2], ys[:2])  # untimed warm-up: allocations, kernel choice
-        for beside in (False, True) * repeats:  # rank 0's steps alone, then with every rank stepping beside it
+        train_steps(DDP(toy_model(job.model, job.seed)), xs[:2], ys[:2])  # untimed warm-up: allocations, buckets
+        for mode in ("alone", "beside", "ddp") * repeats:  # rank 0 alone; every rank beside it; every rank in DDP
             dist.barrier()
-            if rank == 0 or beside:
-                net, start = toy_model(job.model, job.seed), time.perf_counter()
-                train_steps(net, xs, ys)  # no communication: the cost of sharing the cores, memory and cache
-                found["beside_s" if beside else "alone_s"].append((time.perf_counter() - start) / job.steps)
+            if rank == 0 or mode != "alone":
+                net = toy_model(job.model, job.seed)
+                net, start = DDP(net) if mode == "ddp" else net, time.perf_counter()
+                train_steps(net, xs, ys)  # ddp: backward all-reduces in buckets, each step waits for the slower rank
+                found[f"{mode}_s"].append((time.perf_counter() - start) / job.steps)
         if rank == 0:
             torch.save(found, job.out)
         job.leave()
@@ -52,8 +54,9 @@ def _cost_worker(rank: int, job: Job, sizes: tuple[int, ...], repeats: int) -> N
 def measure(world: int = 2, sizes: tuple[int, ...] = SIZES, repeats: int = REPEATS, model: str = "lenet",
             batch: int = 64, steps: int = 40) -> dict:
     """In `world` spawned gloo workers: the median all-reduce seconds of each size in bytes ("allreduce_s": bytes
-    -> s), and rank 0's seconds per training step of `model` (no communication), alone and with every rank stepping
-    beside it ("alone_s", "beside_s": one figure per round, the two alternating)."""
+    -> s), and rank 0's seconds per training step of `model`: alone and with every rank stepping beside it, no
+    communication ("alone_s", "beside_s"), and every rank stepping in DDP ("ddp_s": its all-reduces in backward, its
+    hooks and bucket copies, each step waiting for the slower rank); one figure per round, the three alternating."""
     with tempfile.TemporaryDirectory() as tmp:
         job = Job(world=world, store=f"{tmp}/store", out=Path(tmp) / "rank0.pt", steps=steps, batch=batch,
                   model=model, seed=0)
@@ -80,12 +83,15 @@ def ring_bytes(grad_bytes: float, world: int) -> float:
 
 
 def predict(step_s: float, grad_bytes: float, world: int, *, latency: float, bandwidth: float,
-            beside_ratio: float = 1.0) -> dict:
+            beside_ratio: float = 1.0, ddp_extra: float = 0.0) -> dict:
     """One process's step `step_s` on N processes: its compute slowed by `beside_ratio` (the step beside the others
-    over alone), plus one latency per DDP bucket and the ring's bytes at `bandwidth`. Seconds per part, the modelled
-    step, and the efficiency it predicts (one process's step over it: weak scaling, the same batch per process)."""
+    over alone), plus one latency per DDP bucket and the ring's bytes at `bandwidth`, plus what DDP's measured step
+    (plain loop) took beyond the step beside the others and those two (`ddp_extra`: its hooks and bucket copies, and
+    each step's wait for the slower rank, whose steps vary). Seconds per part, the modelled step, and the efficiency
+    it predicts (one process's step over it: weak scaling, the same batch per process)."""
     parts = {"compute": step_s, "sharing the cores": step_s * (beside_ratio - 1),
              "all-reduce latency": latency * max(1, math.ceil(grad_bytes / BUCKET_BYTES)),
              "all-reduce bytes": ring_bytes(grad_bytes, world) / bandwidth}
+    parts["DDP hooks, waits"] = max(0.0, ddp_extra - parts["all-reduce latency"] - parts["all-reduce bytes"])
     step = sum(parts.values())
     return {"parts": parts, "step_s": step, "efficiency": step_s / step}

@@ -1,9 +1,9 @@
 """Counting the ops a call runs (roofline.count): each aten op's FLOPs (torch's FlopCounterMode and its formulas) and
-the bytes of its tensor inputs and outputs, seen by a dispatch mode; and, where asked, each kernel-bound op's floor at
-its own shapes: products, convolutions and pooling replayed alone with the step's own arguments, the best sustained
-seconds of one call (the fastest timed block). Those ops' speed depends on their shapes (LeNet's 6-channel
-convolutions run far below a 2048x2048 matmul's rate, max-pooling below its bytes' bandwidth), so the floor measured
-at the shapes the step runs is their ceiling; every other op stays with its class's ceiling (course_lib.ceilings)."""
+the bytes of its tensor inputs and outputs (a gather: the rows it reads), seen by a dispatch mode; and, where asked,
+each op's floor at its own sizes. Products, convolutions and pooling are replayed alone with the step's own arguments
+(their speed depends on their shapes: LeNet's 6-channel convolutions run far below a 2048x2048 matmul's rate); every
+other op gets its reference, a copy of the bytes it writes into a new or a reused buffer as the op does, which
+measures the first touch of new pages at the op's size. A floor is the best sustained seconds of one call."""
 from __future__ import annotations
 
 import dataclasses
@@ -18,9 +18,11 @@ from .ceilings import NOISY, RETRIES
 from .internals import TorchDispatchMode  # the hook that sees every aten op; torch names it only privately
 
 NO_TRAFFIC = ("empty", "detach", "lift_fresh", "alias", "_record_function")  # allocate, relabel or mark: no data
+TRANSCENDENTAL_OPS = ("tanh", "exp", "log", "sigmoid", "erf")  # a fused kernel's costliest part where it has one
 GATHERS = ("index", "index_select", "gather", "take", "embedding")  # read only the rows they gather from arg 0
 POOLING = ("max_pool", "avg_pool", "adaptive_max_pool", "adaptive_avg_pool")  # kernel-bound, not bytes-bound
 FLOOR_SECONDS = {"smoke": 0.02, "full": 0.1}  # timed seconds per distinct op and shape (a few blocks)
+REFERENCE_BYTES = 2**16  # smaller outputs' copies take about one op's fixed cost, which the model charges already
 FLOOR_PASSES = 2  # passes over a step's kernel-bound ops; each op keeps its fastest block of all of them
 _floors: dict[tuple, float] = {}  # signature -> best seconds per call, kept for the process (a lesson's sweep)
 
@@ -70,11 +72,33 @@ def floor(func, args: tuple, kwargs: dict, again: bool = False) -> float:
     (values do not change a kernel's time)."""
     key = (str(func), _describe(list(args)), _describe(sorted(kwargs.items())))
     if key not in _floors or again:
-        seconds, tries = FLOOR_SECONDS[config.run_size().name], []
-        while len(tries) <= RETRIES and (not tries or max(tries[-1]) > NOISY * min(tries[-1])):  # a busy machine's
-            tries.append(timing.time_calls(lambda: func(*args, **kwargs), min_run_time=seconds))  # blocks: again
-        _floors[key] = min([_floors.get(key, float("inf")), *(min(t) for t in tries)])
+        _floors[key] = min(_floors.get(key, float("inf")), _best(lambda: func(*args, **kwargs)))
     return _floors[key]
+
+
+def reference(written: int, read: int, fresh: bool, device: str = "cpu", again: bool = False) -> float:
+    """Best sustained seconds of the least work that writes `written` bytes: a copy of them where the op reads at
+    least as many (else a fill), into a new buffer each call where the op allocates its output (`fresh`), else into a
+    reused one. The same bytes, sizes and allocation pattern as the op, so the first touch of new pages is measured at
+    the op's own size (the allocator's choice depends on size and history), not guessed from a threshold. An
+    elementwise op does at least this work, so it is that op's floor (`again`: time it once more, keep the faster)."""
+    copy = read >= written
+    key = ("reference", written, copy, fresh, device)
+    if key not in _floors or again:
+        src = torch.zeros(written, dtype=torch.uint8, device=device)
+        dst = None if fresh else torch.empty_like(src)
+        fn = (src.clone if fresh else lambda: dst.copy_(src)) if copy else \
+            (lambda: torch.empty_like(src).fill_(1)) if fresh else lambda: dst.fill_(1)
+        _floors[key] = min(_floors.get(key, float("inf")), _best(fn))
+    return _floors[key]
+
+
+def _best(fn: Callable[[], object]) -> float:
+    """The fastest block's seconds per call of fn (timing.time_calls), re-timed while its blocks spread past NOISY."""
+    seconds, tries = FLOOR_SECONDS[config.run_size().name], []
+    while len(tries) <= RETRIES and (not tries or max(tries[-1]) > NOISY * min(tries[-1])):  # a busy machine's
+        tries.append(timing.time_calls(fn, min_run_time=seconds))  # blocks: again
+    return min(min(t) for t in tries)
 
 
 class _OpRecorder(TorchDispatchMode):
@@ -85,7 +109,7 @@ class _OpRecorder(TorchDispatchMode):
     def __init__(self, floors: bool = False):
         super().__init__()
         self.ops: list[Op] = []
-        self.calls: dict[int, tuple] = {}  # index in ops -> (func, args, kwargs) to replay for its floor
+        self.calls: dict[int, Callable] = {}  # index in ops -> its floor's timer (again=True: time it once more)
         self.floors = floors
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -106,9 +130,14 @@ class _OpRecorder(TorchDispatchMode):
             flops = sum(t.numel() for t in outs) if torch.Tag.pointwise in func.tags else 0
         fresh = 0 if name.endswith("_") or "out" in kwargs else sum(t.numel() * t.element_size() for t in outs)
         matmul = packet in flop_registry
-        if self.floors and kernel_bound(name, matmul) and fresh and all(t.device.type != "meta" for t in ins):
-            self.calls[len(self.ops)] = (func, args, kwargs)
-        self.ops.append(Op(name, int(flops), read + sum(t.numel() * t.element_size() for t in outs), matmul, fresh))
+        written = sum(t.numel() * t.element_size() for t in outs)
+        real = all(t.device.type != "meta" for t in ins + outs)
+        if self.floors and real and kernel_bound(name, matmul) and fresh:  # the op itself, alone at its shapes
+            self.calls[len(self.ops)] = lambda again, c=(func, args, kwargs): floor(*c, again=again)
+        elif self.floors and real and written >= REFERENCE_BYTES and not kernel_bound(name, matmul):  # its copy
+            self.calls[len(self.ops)] = lambda again, w=(written, read, bool(fresh), outs[0].device.type): \
+                reference(*w, again=again)
+        self.ops.append(Op(name, int(flops), read + written, matmul, fresh))
         return out
 
 
@@ -125,20 +154,37 @@ def _tensors(items: list) -> list[torch.Tensor]:
 
 def count(fn: Callable, *args, floors: bool = False, **kwargs) -> Counts:
     """Run fn(*args, **kwargs) once (any device, meta too) and count its ops, FLOPs and bytes; with `floors`, each
-    product's, convolution's and pooling op's floor at its shapes (floor), replayed after the call, outside the
-    counters."""
+    product's, convolution's and pooling op's floor at its shapes (floor) and every other op's reference copy of its
+    bytes (reference), timed after the call, outside the counters."""
     with FlopCounterMode(display=False) as flop_counter, _OpRecorder(floors) as recorder:
         fn(*args, **kwargs)
     ops = recorder.ops
     with torch.no_grad():
         for again in range(FLOOR_PASSES):  # passes apart in time: a burst from another process spoils only one
-            for i, call in recorder.calls.items():
-                ops[i] = dataclasses.replace(ops[i], floor=floor(*call, again=bool(again)))
+            for i, timer in recorder.calls.items():
+                ops[i] = dataclasses.replace(ops[i], floor=timer(bool(again)))
     return Counts(ops, flop_counter.get_total_flops())
 
 
-def fused(counts: Counts, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> Counts:
-    """The same FLOPs as one fused kernel: it reads `inputs` and writes `outputs` once, intermediates stay on chip."""
-    moved = sum(t.numel() * t.element_size() for t in [*inputs, *outputs])
-    return Counts([Op("fused", counts.flops, moved, fresh=sum(t.numel() * t.element_size() for t in outputs))],
-                  counts.matmul_flops)
+def fused(counts: Counts, inputs: list[torch.Tensor], outputs: list[torch.Tensor], floors: bool = False) -> Counts:
+    """The same FLOPs as one fused kernel: it reads `inputs` and writes `outputs` once, intermediates stay on chip;
+    with `floors`, no faster than its costliest part compiled alone on the first output's shape into new outputs
+    (compiled_reference: its transcendental function where it has one, else a scaled copy), timed in two passes."""
+    read, written = (sum(t.numel() * t.element_size() for t in ts) for ts in (inputs, outputs))
+    part = next((o.name for o in counts.ops if o.name in TRANSCENDENTAL_OPS), "mul")
+    least = min(compiled_reference(part, outputs[0], again=bool(again))
+                for again in range(FLOOR_PASSES)) if floors and outputs else 0.0
+    return Counts([Op("fused", counts.flops, read + written, fresh=written, floor=least)], counts.matmul_flops)
+
+
+def compiled_reference(name: str, like: torch.Tensor, again: bool = False) -> float:
+    """Best sustained seconds of torch.<name> (tanh, exp, ...; "mul": x * 2) compiled alone on a tensor shaped like
+    `like`, each call a new output: what a fused kernel that runs it on those elements and writes them costs at least
+    (Inductor's own vectorised function, the same bytes, the same allocation pattern)."""
+    key = ("compiled", name, tuple(like.shape), str(like.dtype), like.device.type)
+    if key not in _floors or again:
+        x = torch.randn(like.shape, dtype=like.dtype, device=like.device)
+        fn = torch.compile(getattr(torch, name) if name != "mul" else lambda t: t * 2.0)
+        fn(x)  # compiled here, before the timer picks its block size
+        _floors[key] = min(_floors.get(key, float("inf")), _best(lambda: fn(x)))
+    return _floors[key]

@@ -53,9 +53,11 @@ def bandwidth(ceil: ceilings.Ceilings, moved: float) -> float:
 
 
 def first_touch(ceil: ceilings.Ceilings, op: Op) -> float:
-    """Seconds the op's fresh output costs beyond a reused one (lesson 00's fresh and reused adds apart), for outputs
-    of FRESH_BYTES or more: the allocator hands those out as newly mapped pages; smaller ones reuse freed memory."""
-    return ceil.first_touch * op.fresh if op.fresh >= FRESH_BYTES and "add fresh" in ceil.rows else 0.0
+    """Seconds the op's fresh output costs beyond a reused one (lesson 00's fresh and reused adds apart), for an op
+    without a floor and outputs of FRESH_BYTES or more (always newly mapped pages). An op with a floor has it measured
+    at its own size and allocation pattern (opcount.reference): nothing is added on a threshold's guess."""
+    return ceil.first_touch * op.fresh if not op.floor and op.fresh >= FRESH_BYTES and "add fresh" in ceil.rows \
+        else 0.0
 
 
 def per_op(ceil: ceilings.Ceilings, op: Op | None = None) -> float:
@@ -67,7 +69,8 @@ def op_bound(op: Op, ceil: ceilings.Ceilings, fmt: str = "fp32", rate: float | N
     """One op against the ceilings of its class (op_class): products and convolutions at the matmul rate of `fmt`
     (or `rate`, a measured rate where the format is emulated), bytes at the bandwidth its size allows, transcendental
     elements at their measured rate; a kernel-bound op no faster than its floor at its shapes (op.floor, where
-    counted), as compute (products) or memory (pooling); the fixed cost per op (per_op) beside them."""
+    counted), as compute (products) or memory (pooling, elementwise: opcount.reference); the fixed cost per op
+    (per_op) beside them."""
     tr = _row(ceil, "tanh") if op_class(op) == "transcendental" else None  # elements/s
     fixed = per_op(ceil, op)
     compute = (op.flops if op.matmul else 0) / (rate or ceil.rate(fmt)) + (op.flops / tr if tr else 0.0)

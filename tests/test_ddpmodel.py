@@ -34,3 +34,13 @@ def test_prediction_adds_sharing_latency_and_bytes():
     big = ddpmodel.predict(0.010, 60 * 2**20, 2, latency=1e-4, bandwidth=1e9)
     assert big["parts"]["all-reduce latency"] == pytest.approx(3e-4)  # 60 MiB: three 25 MiB buckets
     assert big["parts"]["sharing the cores"] == 0 and big["efficiency"] < 1
+
+
+def test_ddps_measured_step_beyond_the_all_reduce_is_its_own_part():
+    """What DDP's step took beyond the step beside the others, less the modelled all-reduce, is the hooks, the
+    bucket copies and the wait for the slower rank; an all-reduce that cost more than DDP's whole extra adds nothing."""
+    m = ddpmodel.predict(0.010, 250_000, 2, latency=1e-4, bandwidth=1e9, ddp_extra=0.003)
+    assert m["parts"]["DDP hooks, waits"] == pytest.approx(0.003 - 1e-4 - 2.5e-4)
+    assert m["step_s"] == pytest.approx(0.013) and m["efficiency"] == pytest.approx(0.010 / 0.013)
+    assert ddpmodel.predict(0.010, 250_000, 2, latency=1e-4, bandwidth=1e9, ddp_extra=1e-4)["parts"][
+        "DDP hooks, waits"] == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -254,13 +255,14 @@ def test_layers_lists_each_leaf_layer_with_its_bound_and_the_plot_draws_one_roof
 
 
 def test_kernel_bound_ops_get_their_floor_at_their_shapes():
-    """floors=True replays products, convolutions and pooling alone at the step's shapes (their floor) and leaves
-    elementwise ops to their class; the floor binds where it exceeds the class's bound, less the per-op cost."""
-    x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3, requires_grad=True)
+    """floors=True replays products, convolutions and pooling alone at the step's shapes (their floor) and times
+    every other op's reference copy of its bytes; the floor binds where it exceeds the class's bound, less the per-op
+    cost."""
+    x, w = torch.randn(32, 3, 64, 64), torch.randn(4, 3, 3, 3, requires_grad=True)  # outputs past REFERENCE_BYTES
     c = roofline.count(lambda: F.max_pool2d(F.conv2d(x, w).relu(), 2).sum().backward(), floors=True)
     floored = {o.name for o in c.ops if o.floor > 0}
     assert {"convolution", "convolution_backward", "max_pool2d_with_indices"} <= floored
-    assert not any(o.floor for o in c.ops if not roofline.kernel_bound(o.name, o.matmul))
+    assert "relu" in floored and "sum" not in floored  # relu: the reference copy of its bytes; sum writes 4 bytes
     assert roofline.count(lambda: F.conv2d(x, w)).ops[0].floor == 0  # not asked: the class's ceiling alone
     ceil = ceilings.Ceilings("test machine", "cpu", "smoke", 1, "t", {
         "matmul fp32": ceilings.summarise("matmul fp32", "compute", 1e12, [1.0]),
@@ -277,3 +279,28 @@ def test_only_tanh_is_held_to_the_tanh_rate():
     are elementwise, held to their bytes."""
     ops = [roofline.Op(name=n, flops=1, bytes=8) for n in ("tanh", "tanh_", "gelu", "gelu_backward", "tanh_backward")]
     assert [roofline.op_class(o) for o in ops] == ["transcendental"] * 2 + ["elementwise"] * 3
+
+
+def test_an_elementwise_floor_is_a_copy_of_its_bytes_with_its_allocation_and_a_fused_one_its_compiled_part(
+        monkeypatch):
+    """reference times the least work that writes an op's bytes (a copy, or a fill where it reads fewer), into a new
+    buffer where the op allocates one; a floored op pays no first-touch guess beside it; a fused kernel's floor is
+    its costliest part compiled alone (tanh where it runs one)."""
+    from course_lib import opcount
+
+    calls = []
+    monkeypatch.setattr(opcount, "_best", lambda fn: calls.append(fn) or 1e-3)
+    assert opcount.reference(4096, 8192, True) == 1e-3 and opcount.reference(4096, 8192, True) == 1e-3
+    assert len(calls) == 1 and calls[0]().numel() == 4096  # kept per size and pattern; a fresh clone of 4096 bytes
+    opcount.reference(4096, 0, False)  # reads nothing: a fill into a reused buffer
+    assert len(calls) == 2
+    big = roofline.Op("mul", 1, 3 * 2**26, fresh=2**26)
+    ceil = ceilings.Ceilings("test machine", "cpu", "smoke", 1, "t", {
+        "add fresh": ceilings.summarise("add fresh", "memory", 3e9, [1.0]),
+        "add reused": ceilings.summarise("add reused", "memory", 3e9, [0.25])})
+    assert roofline.first_touch(ceil, big) > 0 and roofline.first_touch(ceil, replace(big, floor=1e-3)) == 0
+    parts = []
+    monkeypatch.setattr(opcount, "compiled_reference", lambda name, like, again: parts.append(name) or 2e-3)
+    x = torch.randn(64)
+    fused = roofline.fused(roofline.count(lambda: torch.tanh(x * 2) + 1), [x], [x], floors=True)
+    assert fused.ops[0].floor == 2e-3 and set(parts) == {"tanh"}
