@@ -68,7 +68,8 @@ TEST_WORKERS ?= auto --maxprocesses=4
 # make test's second pass: the tests of every hardware-dependent decision, again under the CPU class that answers
 # "native bf16?" the other way from this machine (course_lib.machines.other_class: AVX2 where this CPU has bf16,
 # else AVX512_BF16, emulated), so CI exercises a class besides its own. COURSE_HARDWARE=<class> make test runs the
-# whole suite under one class (course_lib/machines.py lists them).
+# whole suite under one class (course_lib/machines.py lists them). The second pass leaves out the costly tests of these
+# files that no class changes (tests/conftest.py's CLASS_FREE: marked class_free); the first pass ran them.
 HARDWARE_TESTS := tests/test_hardware_matrix.py tests/test_muon.py tests/test_config_policy.py tests/test_compress.py \
 	tests/test_capstone.py
 OTHER_CLASS = $(shell $(BIN)/python -c \
@@ -82,7 +83,7 @@ test: $(STAMP)
 	COURSE_SIZE=smoke $(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile
 	@echo "The hardware-dependent tests again, emulating $(OTHER_CLASS):"
 	COURSE_HARDWARE=$(OTHER_CLASS) COURSE_SIZE=smoke $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile \
-		$(HARDWARE_TESTS)
+		-m "not class_free" $(HARDWARE_TESTS)
 
 ## The developer's inner loop: lint, then the tests not marked slow (nothing that trains,
 ## starts a Python process or executes a notebook: tests/conftest.py's SLOW). make test still runs everything.

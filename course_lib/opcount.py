@@ -23,7 +23,10 @@ GATHERS = ("index", "index_select", "gather", "take", "embedding")  # read only 
 POOLING = ("max_pool", "avg_pool", "adaptive_max_pool", "adaptive_avg_pool")  # kernel-bound, not bytes-bound
 FLOOR_SECONDS = {"smoke": 0.02, "full": 0.1}  # timed seconds per distinct op and shape (a few blocks)
 REFERENCE_BYTES = 2**16  # smaller outputs' copies take about one op's fixed cost, which the model charges already
-FLOOR_PASSES = 2  # passes over a step's kernel-bound ops; each op keeps its fastest block of all of them
+# passes over a step's ops (each keeps its fastest block of all of them) and a noisy timing's retries, by run size: a
+# smoke run only checks the code, so one pass and no retries (make test's time, issue 45); full keeps both
+FLOOR_PASSES = {"smoke": 1, "full": 2}
+FLOOR_RETRIES = {"smoke": 0, "full": RETRIES}
 _floors: dict[tuple, float] = {}  # signature -> best seconds per call, kept for the process (a lesson's sweep)
 
 
@@ -93,10 +96,16 @@ def reference(written: int, read: int, fresh: bool, device: str = "cpu", again: 
     return _floors[key]
 
 
+def _passes() -> int:
+    """Passes over a step's floors at this run size (FLOOR_PASSES)."""
+    return FLOOR_PASSES[config.run_size().name]
+
+
 def _best(fn: Callable[[], object]) -> float:
     """The fastest block's seconds per call of fn (timing.time_calls), re-timed while its blocks spread past NOISY."""
-    seconds, tries = FLOOR_SECONDS[config.run_size().name], []
-    while len(tries) <= RETRIES and (not tries or max(tries[-1]) > NOISY * min(tries[-1])):  # a busy machine's
+    size, tries = config.run_size().name, []
+    seconds, retries = FLOOR_SECONDS[size], FLOOR_RETRIES[size]
+    while len(tries) <= retries and (not tries or max(tries[-1]) > NOISY * min(tries[-1])):  # a busy machine's
         tries.append(timing.time_calls(fn, min_run_time=seconds))  # blocks: again
     return min(min(t) for t in tries)
 
@@ -160,7 +169,7 @@ def count(fn: Callable, *args, floors: bool = False, **kwargs) -> Counts:
         fn(*args, **kwargs)
     ops = recorder.ops
     with torch.no_grad():
-        for again in range(FLOOR_PASSES):  # passes apart in time: a burst from another process spoils only one
+        for again in range(_passes()):  # passes apart in time: a burst from another process spoils only one
             for i, timer in recorder.calls.items():
                 ops[i] = dataclasses.replace(ops[i], floor=timer(bool(again)))
     return Counts(ops, flop_counter.get_total_flops())
@@ -169,11 +178,11 @@ def count(fn: Callable, *args, floors: bool = False, **kwargs) -> Counts:
 def fused(counts: Counts, inputs: list[torch.Tensor], outputs: list[torch.Tensor], floors: bool = False) -> Counts:
     """The same FLOPs as one fused kernel: it reads `inputs` and writes `outputs` once, intermediates stay on chip;
     with `floors`, no faster than its costliest part compiled alone on the first output's shape into new outputs
-    (compiled_reference: its transcendental function where it has one, else a scaled copy), timed in two passes."""
+    (compiled_reference: its transcendental function where it has one, else a scaled copy), timed in _passes()."""
     read, written = (sum(t.numel() * t.element_size() for t in ts) for ts in (inputs, outputs))
     part = next((o.name for o in counts.ops if o.name in TRANSCENDENTAL_OPS), "mul")
     least = min(compiled_reference(part, outputs[0], again=bool(again))
-                for again in range(FLOOR_PASSES)) if floors and outputs else 0.0
+                for again in range(_passes())) if floors and outputs else 0.0
     return Counts([Op("fused", counts.flops, read + written, fresh=written, floor=least)], counts.matmul_flops)
 
 

@@ -54,6 +54,8 @@ def pytest_configure(config):
     fast-tier run (-m "not slow") watches for tests that belong to the slow tier."""
     for message, module in runs.UNACTIONABLE:
         config.addinivalue_line("filterwarnings", f"ignore:{message}::{module}")
+    config.addinivalue_line("markers", "class_free: no hardware class changes its outcome (CLASS_FREE); make test's "
+                                       "second pass leaves it out")
     if "not slow" in (config.getoption("markexpr") or ""):
         config.pluginmanager.register(SlowGuard(), "slow_guard")
 
@@ -92,6 +94,14 @@ SLOW = tuple(f"tests/{path}" for path in [  # whole files
 }.items() for name in names)
 
 
+# In the Makefile's HARDWARE_TESTS files, the costly tests whose outcome no hardware class changes: make test's second
+# pass (the same files under another CPU class) leaves them out with -m "not class_free"; the first pass runs them.
+CLASS_FREE = (
+    # packs JPEGs and carries a stand-in sdist: no precision, dtype or int8 decision on its path
+    "tests/test_capstone.py::test_make_data_packs_the_jpegs_and_carries_the_airbench_package",
+)
+
+
 def pytest_addoption(parser):
     parser.addoption("--shuffle-seed", type=int, default=None, metavar="N",
                      help="run the test files in an order shuffled by seed N, and the tests of each file shuffled "
@@ -115,6 +125,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if is_notebook_cell(item) or item.nodeid.startswith(SLOW):
             item.add_marker(pytest.mark.slow)
+        if item.nodeid.startswith(CLASS_FREE):
+            item.add_marker(pytest.mark.class_free)
     seed = config.getoption("shuffle_seed")
     if seed is None:
         return

@@ -304,3 +304,19 @@ def test_an_elementwise_floor_is_a_copy_of_its_bytes_with_its_allocation_and_a_f
     x = torch.randn(64)
     fused = roofline.fused(roofline.count(lambda: torch.tanh(x * 2) + 1), [x], [x], floors=True)
     assert fused.ops[0].floor == 2e-3 and set(parts) == {"tanh"}
+
+
+@pytest.mark.parametrize("size, passes, tries", [("smoke", 1, 1), ("full", 2, 1 + ceilings.RETRIES)])
+def test_floors_take_one_pass_without_retries_at_smoke_size_and_two_with_retries_at_full(monkeypatch, size, passes,
+                                                                                         tries):
+    """make test's smoke runs time each op's floor once (issue 45: the lessons' floors took minutes of it); a full run
+    times it in two passes, each retried while its blocks spread past NOISY (injected times, all noisy: 10x)."""
+    from course_lib import opcount, timing
+
+    calls = []
+    monkeypatch.setattr(timing, "time_calls", lambda fn, **kw: calls.append(fn) or [1e-3, 1e-2, 1e-2, 1e-2])
+    monkeypatch.setattr(opcount, "_floors", {})
+    monkeypatch.setenv(config.SIZE_ENV, size)
+    x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)  # one convolution; its output under REFERENCE_BYTES
+    counted = roofline.count(lambda: F.conv2d(x, w), floors=True)
+    assert [o.floor for o in counted.ops] == [1e-3] and len(calls) == passes * tries
