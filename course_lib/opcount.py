@@ -7,6 +7,8 @@ measures the first touch of new pages at the op's size. A floor is the best sust
 from __future__ import annotations
 
 import dataclasses
+import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -120,6 +122,11 @@ class _OpRecorder(TorchDispatchMode):
         self.ops: list[Op] = []
         self.calls: dict[int, Callable] = {}  # index in ops -> its floor's timer (again=True: time it once more)
         self.floors = floors
+        self.chain: list[tuple] = []  # (index, bytes written, a copy?, fresh?, kernel-bound?) of each large output
+        self.died: dict[int, int] = {}  # index in ops -> ops recorded when the step freed that op's output
+
+    def _freed(self, index: int) -> None:
+        self.died[index] = len(self.ops)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -146,8 +153,38 @@ class _OpRecorder(TorchDispatchMode):
         elif self.floors and real and written >= REFERENCE_BYTES and not kernel_bound(name, matmul):  # its copy
             self.calls[len(self.ops)] = lambda again, w=(written, read, bool(fresh), outs[0].device.type): \
                 reference(*w, again=again)
+        if self.floors and real and written >= REFERENCE_BYTES and outs[0].device.type == "cpu":
+            self.chain.append((len(self.ops), written, read >= written, bool(fresh), kernel_bound(name, matmul)))
+            if fresh:
+                weakref.finalize(outs[0], self._freed, len(self.ops))
         self.ops.append(Op(name, int(flops), read + written, matmul, fresh))
         return out
+
+
+def replay(chain: list[tuple], died: dict[int, int]) -> dict[int, float]:
+    """Each elementwise op's reference copy replayed in the step's order, every large output allocated and freed
+    when the step allocated and freed its own (a kernel-bound op's as a fill, untimed): the allocator meets the step's
+    sizes and lifetimes, so new pages and cold caches cost what they cost in the step. Best seconds per op index over
+    rounds (at least 3, FLOOR_SECONDS in all)."""
+    if not chain:
+        return {}
+    src = torch.zeros(max(c[1] for c in chain), dtype=torch.uint8)
+    dst, best, spent, rounds = torch.empty_like(src), {}, 0.0, 0
+    while rounds < 3 or spent < FLOOR_SECONDS[config.run_size().name]:
+        live, start_round = {}, time.perf_counter()
+        for i, w, copy, fresh, kernel in chain:
+            for j in [j for j in live if died.get(j, i + 1) <= i]:
+                del live[j]  # the step had freed it by now
+            start = time.perf_counter()
+            out = (src[:w].clone() if copy else torch.empty(w, dtype=torch.uint8).fill_(1)) if fresh else \
+                dst[:w].copy_(src[:w]) if copy else dst[:w].fill_(1)
+            took = time.perf_counter() - start
+            live[i] = out if fresh else None
+            if not kernel:
+                best[i] = min(best.get(i, float("inf")), took)
+        del live
+        spent, rounds = spent + time.perf_counter() - start_round, rounds + 1
+    return best
 
 
 def _tensors(items: list) -> list[torch.Tensor]:
@@ -172,6 +209,8 @@ def count(fn: Callable, *args, floors: bool = False, **kwargs) -> Counts:
         for again in range(_passes()):  # passes apart in time: a burst from another process spoils only one
             for i, timer in recorder.calls.items():
                 ops[i] = dataclasses.replace(ops[i], floor=timer(bool(again)))
+            for i, seconds in replay(recorder.chain, recorder.died).items():  # the same copies in the step's order
+                ops[i] = dataclasses.replace(ops[i], floor=max(ops[i].floor, seconds))
     return Counts(ops, flop_counter.get_total_flops())
 
 

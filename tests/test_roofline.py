@@ -320,3 +320,16 @@ def test_floors_take_one_pass_without_retries_at_smoke_size_and_two_with_retries
     x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)  # one convolution; its output under REFERENCE_BYTES
     counted = roofline.count(lambda: F.conv2d(x, w), floors=True)
     assert [o.floor for o in counted.ops] == [1e-3] and len(calls) == passes * tries
+
+
+def test_the_reference_copies_replay_in_the_steps_order_with_its_lifetimes():
+    """replay allocates each large output when the step did and frees it when the step freed its own; it times the
+    elementwise ops' copies only (a kernel-bound op's output is a fill, untimed)."""
+    from course_lib import opcount
+
+    chain = [(0, 2**16, True, True, True), (1, 2**16, True, True, False), (2, 2**16, False, False, False)]
+    best = opcount.replay(chain, {0: 2})  # op 0's output freed before op 2
+    assert set(best) == {1, 2} and all(s > 0 for s in best.values())
+    x = torch.randn(2**15)  # 128 KiB: past REFERENCE_BYTES
+    c = roofline.count(lambda: (x * 2) * 3, floors=True)
+    assert [o.name for o in c.ops] == ["mul", "mul"] and all(o.floor > 0 for o in c.ops)
