@@ -250,7 +250,7 @@ def save(found: Ceilings) -> Path:
         raise NoisyCeilings(
             f"Not saving the ceilings of {found.hardware} ({found.device}): {', '.join(found.noisy())} stayed NOISY\n"
             f"(slowest/fastest block above {NOISY:g}x) over {RETRIES + 1} measurements, so another process was "
-            "probably competing\nfor the cores. Stop it (or wait for it to finish) and measure again.")
+            "probably\ncompeting for the cores. Stop it (or wait for it to finish) and measure again.")
     target = path(found.device)
     target.parent.mkdir(parents=True, exist_ok=True)
     # atomic: a lesson loading the ceilings in another process (make test runs notebooks side by side) never reads
