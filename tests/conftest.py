@@ -58,6 +58,8 @@ def pytest_configure(config):
                                        "second pass leaves it out")
     if "not slow" in (config.getoption("markexpr") or ""):
         config.pluginmanager.register(SlowGuard(), "slow_guard")
+    if hasattr(config.option, "loadscopereorder"):  # xdist: hand out the files in the collected order (HEAVY_FIRST)
+        config.option.loadscopereorder = False
 
 
 # The slow tier (`make test` runs it, `make test-fast` leaves it out): every notebook cell, and these node-id prefixes,
@@ -102,6 +104,20 @@ CLASS_FREE = (
 )
 
 
+# make test's costliest files, costliest first (make test's --durations on the 2-core EPYC, issue 45): the xdist
+# workers (--dist loadfile) take them first, so the run does not end with one worker in a long file while the others
+# idle. pytest_configure keeps this order (xdist would otherwise hand out files by their number of tests).
+HEAVY_FIRST = (
+    "notebooks/08_capstone.ipynb", "notebooks/04_mixed_precision.ipynb", "tests/test_ddp.py",
+    "notebooks/01_pytorch_baseline.ipynb", "notebooks/06_ddp.ipynb", "tests/test_capstone.py",
+    "tests/test_cli_output.py", "notebooks/05_compile_and_tuning.ipynb", "tests/test_exercises.py",
+    "tests/test_resume.py", "notebooks/02_lightning.ipynb", "tests/test_gpu_ondevice.py",
+    "notebooks/03_gpu_and_data.ipynb", "tests/test_site.py", "tests/test_colab_install.py",
+    "tests/test_gpu_fork_rule.py", "notebooks/07_quantization.ipynb", "tests/test_exercise_checks.py",
+    "tests/test_cli_robust.py", "notebooks/00_setup.ipynb",
+)
+
+
 def pytest_addoption(parser):
     parser.addoption("--shuffle-seed", type=int, default=None, metavar="N",
                      help="run the test files in an order shuffled by seed N, and the tests of each file shuffled "
@@ -128,7 +144,9 @@ def pytest_collection_modifyitems(config, items):
         if item.nodeid.startswith(CLASS_FREE):
             item.add_marker(pytest.mark.class_free)
     seed = config.getoption("shuffle_seed")
-    if seed is None:
+    if seed is None:  # the costliest files first (HEAVY_FIRST), the rest in collection order; sorted() is stable
+        items[:] = sorted(items, key=lambda item: HEAVY_FIRST.index(item.nodeid.split("::")[0])
+                          if item.nodeid.split("::")[0] in HEAVY_FIRST else len(HEAVY_FIRST))
         return
     rng, files = random.Random(seed), {}
     for item in items:
