@@ -23,6 +23,9 @@ NO_TRAFFIC = ("empty", "detach", "lift_fresh", "alias", "_record_function")  # a
 TRANSCENDENTAL_OPS = ("tanh", "exp", "log", "sigmoid", "erf")  # a fused kernel's costliest part where it has one
 GATHERS = ("index", "index_select", "gather", "take", "embedding")  # read only the rows they gather from arg 0
 POOLING = ("max_pool", "avg_pool", "adaptive_max_pool", "adaptive_avg_pool")  # kernel-bound, not bytes-bound
+#: data-movement kernels that compute an address per element (gathers, pads, mirrors): far below a copy's bandwidth
+#: at small images (a uint8 (256, 3, 36, 40) row gather: element by element), so timed alone at their shapes too
+DATA_MOVEMENT = (*GATHERS, "constant_pad_nd", "reflection_pad", "replication_pad", "flip")
 FLOOR_SECONDS = {"smoke": 0.02, "full": 0.1}  # timed seconds per distinct op and shape (a few blocks)
 REFERENCE_BYTES = 2**16  # smaller outputs' copies take about one op's fixed cost, which the model charges already
 # passes over a step's ops (each keeps its fastest block of all of them) and a noisy timing's retries, by run size: a
@@ -58,8 +61,9 @@ class Counts:
 
 
 def kernel_bound(name: str, matmul: bool) -> bool:
-    """Whether an op's time depends on its shapes beyond FLOPs and bytes: products, convolutions, pooling."""
-    return matmul or name.lstrip("_").startswith(POOLING)
+    """Whether an op's time depends on its shapes beyond FLOPs and bytes: products, convolutions, pooling, and the
+    data-movement kernels (DATA_MOVEMENT: lesson 03's and 08's batch augmentation)."""
+    return matmul or name.lstrip("_").startswith(POOLING) or name.startswith(DATA_MOVEMENT)
 
 
 def _describe(item) -> object:

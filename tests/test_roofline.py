@@ -333,3 +333,20 @@ def test_the_reference_copies_replay_in_the_steps_order_with_its_lifetimes():
     x = torch.randn(2**15)  # 128 KiB: past REFERENCE_BYTES
     c = roofline.count(lambda: (x * 2) * 3, floors=True)
     assert [o.name for o in c.ops] == ["mul", "mul"] and all(o.floor > 0 for o in c.ops)
+
+
+def test_data_movement_kernels_are_timed_alone_at_their_shapes():
+    """Gathers, pads and mirrors (lessons 03 and 08's batch augmentation) are replayed alone at their shapes for their
+    floor with floors=True, as products and pooling are; a uint8 to float conversion keeps its reference copy."""
+    from course_lib.opcount import kernel_bound
+
+    assert all(kernel_bound(n, False) for n in ("gather", "index", "constant_pad_nd", "reflection_pad2d", "flip"))
+    assert not any(kernel_bound(n, False) for n in ("add", "_to_copy", "where", "div_"))
+    x = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8)  # (B, C, H, W), outputs past REFERENCE_BYTES
+    rows = torch.randint(0, 9, (64, 1, 32, 1)).expand(64, 3, 32, 40)  # each image's rows of its padded copy
+
+    def augment():
+        z = F.pad(x, (4,) * 4).gather(2, rows).flip(3)
+        return z.to(torch.float32)
+    c = roofline.count(augment, floors=True)
+    assert {o.name for o in c.ops if o.floor > 0} >= {"constant_pad_nd", "gather", "flip", "_to_copy"}

@@ -2,8 +2,9 @@
 cut each batch from it and augment it as a batch (on the GPU where there is one: no copies, no workers); and the
 seconds each batch takes predicted first, from the ceilings: the ops that cut and augment one batch counted on a
 stand-in uint8 tensor (roofline.count: the gather of B images, the pad, the crops' gathers, the mirror, the uint8 to
-float conversion) and summed against the ceilings (roofline.step_model: bytes at the bandwidth their size allows, plus
-the fixed cost per op). No JPEG is decoded then, so nothing else is left to model."""
+float conversion) and summed against the ceilings (roofline.step_model: bytes at the bandwidth their size allows, no
+faster than each op's floor, plus the fixed cost per op; floors=True times the gathers, the pad and the mirror alone
+at their shapes, which compute an address per element). No JPEG is decoded then, so nothing else is left to model."""
 import lightning as L
 import torch
 
@@ -60,4 +61,4 @@ def predict_batch_seconds(ceil, batch_size: int) -> float:
     images = torch.zeros(4 * batch_size, 3, 32, 32, dtype=torch.uint8, device=device)  # stand-in decoded images
     batches = iter(Batches(images, torch.zeros(4 * batch_size, dtype=torch.long, device=device), batch_size))
     next(batches)  # the epoch's permutation, drawn once per epoch: not a batch's work
-    return roofline.step_model(roofline.count(lambda: next(batches)), ceil)["predicted"]
+    return roofline.step_model(roofline.count(lambda: next(batches), floors=True), ceil)["predicted"]

@@ -1,8 +1,9 @@
 """Reference solution for lesson 08's exercise 2: the per-image augmentation as batch operations (one normalisation
 and one pad for the whole batch, two gathers for every image's window, torch.where for the mirrors), and its speed-up
 predicted first: each version's ops counted (roofline.count) and summed against the ceilings (roofline.step_model:
-each op's bytes at the bandwidth its size allows, plus the fixed cost per op). The starter pays that fixed cost for
-every op of every image; the batch version pays it a dozen times and moves the same bytes."""
+each op's bytes at the bandwidth its size allows, no faster than its floor, plus the fixed cost per op; floors=True
+times the pads, gathers and mirrors alone at their shapes, and a copy of every other op's bytes). The starter pays
+the fixed cost for every op of every image; the batch version pays it a dozen times and moves the same bytes."""
 import torch
 import torch.nn.functional as F
 
@@ -29,5 +30,5 @@ def augment(x, shifts, flips, pad=2):
 def predict_speedup(ceil, x, shifts, flips, pad=2):
     """The starter's predicted seconds over augment's, on the check's batch, from the ceilings alone."""
     def seconds(fn) -> float:
-        return roofline.step_model(roofline.count(fn, x, shifts, flips, pad), ceil)["predicted"]
+        return roofline.step_model(roofline.count(fn, x, shifts, flips, pad, floors=True), ceil)["predicted"]
     return seconds(per_image_augment) / seconds(augment)
