@@ -50,6 +50,12 @@ def datamodule(lesson: str | None = None, kind: str = "loader", loaded: LoadedSp
     return dm
 
 
+def shared_splits() -> LoadedSplits:
+    """A new sources.LoadedSplits for a lesson's DataModules to share (datamodule(loaded=...)): the disk cache is read
+    once per lesson, not once per DataModule; owned by the lesson, so nothing process-wide to clear."""
+    return LoadedSplits()
+
+
 def trainer_kwargs(lesson: str | None = None, precision: str | None = None, timing: bool = False,
                    **overrides) -> dict:
     """Trainer arguments: the run size's epochs, the precision of hardware.choose_precision (the one decision; None:
