@@ -21,7 +21,7 @@ PY313_PLATFORMS := $(foreach v,$(shell seq 5 28),--platform manylinux_2_$(v)_x86
 # the unit tests that floor runs besides every lesson: the API scan, and those that call version-sensitive APIs
 FLOOR_TESTS := tests/test_floor.py tests/test_config_policy.py tests/test_compress.py tests/test_models.py
 # Data: COURSE_DATA if set, else ../shared/data/cifar10-jpeg where it exists, else torchvision's download
-# (course_lib.config.data_source decides, for the lessons, the CLI, the scripts and the tests alike).
+# (course_lib.base.config.data_source decides, for the lessons, the CLI, the scripts and the tests alike).
 
 .PHONY: course test test-fast lessons lab venv lock floor site clean
 
@@ -60,20 +60,20 @@ lock:
 
 ## Run every lesson top to bottom (COURSE_SIZE=full unless set); executed notebooks and summary go to build/.
 course: $(STAMP)
-	COURSE_SIZE=$${COURSE_SIZE:-full} $(BIN)/python -m course_lib.runner
+	COURSE_SIZE=$${COURSE_SIZE:-full} $(BIN)/python -m course_lib.entry.runner
 
 # make test's workers: one per core, at most 4 (pytest-xdist; each test file, and each notebook, runs in one worker)
 TEST_WORKERS ?= auto --maxprocesses=4
 
 # make test's second pass: the tests of every hardware-dependent decision, again under the CPU class that answers
-# "native bf16?" the other way from this machine (course_lib.machines.other_class: AVX2 where this CPU has bf16,
+# "native bf16?" the other way from this machine (course_lib.base.machines.other_class: AVX2 where this CPU has bf16,
 # else AVX512_BF16, emulated), so CI exercises a class besides its own. COURSE_HARDWARE=<class> make test runs the
-# whole suite under one class (course_lib/machines.py lists them). The second pass leaves out the costly tests of these
+# whole suite under one class (course_lib/base/machines.py lists them). The second pass leaves out the costly tests of these
 # files that no class changes (tests/conftest.py's CLASS_FREE: marked class_free); the first pass ran them.
 HARDWARE_TESTS := tests/test_hardware_matrix.py tests/test_muon.py tests/test_config_policy.py tests/test_compress.py \
 	tests/test_capstone.py
 OTHER_CLASS = $(shell $(BIN)/python -c \
-	"from course_lib import hardware, machines; print(machines.other_class(hardware.own_cpu_flags()))")
+	"from course_lib.base import hardware, machines; print(machines.other_class(hardware.own_cpu_flags()))")
 
 ## Lint, then the unit tests plus every notebook through nbval, in smoke size, the files side by side on the cores
 ## (make test TEST_WORKERS=0 runs them in one process); the 15 slowest tests listed at the end; then the
@@ -112,7 +112,7 @@ endif
 
 ## Re-run the lessons and write their outputs back into notebooks/ (what is committed).
 lessons: $(STAMP)
-	COURSE_SIZE=$${COURSE_SIZE:-full} $(BIN)/python -m course_lib.runner --inplace
+	COURSE_SIZE=$${COURSE_SIZE:-full} $(BIN)/python -m course_lib.entry.runner --inplace
 
 ## The course as a website in build/site/: the committed notebooks with their outputs (nothing executed), the landing
 ## page from this README, the results pages; offline, warnings as errors. tests/test_site.py runs the same script.

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from course_lib import experiments
+from course_lib.training import experiments
 
 VERSION = "0.1.8"
 COLUMNS = ("run", "epoch", "train_loss", "train_acc", "val_acc", "tta_val_acc", "total_time_seconds")

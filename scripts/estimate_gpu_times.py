@@ -21,12 +21,15 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from course_lib import config, flops, hardware, lessons, models, results, runner  # the installed course: no sys.path
-from course_lib.internals import TorchDispatchMode  # sees every aten op (a private torch name)
+from course_lib.base import config, hardware, lessons, results
+from course_lib.base.internals import TorchDispatchMode  # sees every aten op (a private torch name)
+from course_lib.entry import runner  # the installed course: no sys.path
+from course_lib.measure import flops
+from course_lib.training import models
 
 ROOT = Path(__file__).resolve().parents[1]
 
-LESSONS = lessons.names()  # the lesson specs (course_lib.lessons); a new lesson needs lesson_items
+LESSONS = lessons.names()  # the lesson specs (course_lib.base.lessons); a new lesson needs lesson_items
 IMAGE_FLOATS = 3 * 32 * 32  # one CIFAR-10 image, (3, 32, 32)
 SPLIT_IMAGES = 50_000  # CIFAR-10's training JPEGs; lessons 01-07 carve 10 % validation and 10 % test from them
 
@@ -408,7 +411,7 @@ def report(result: dict) -> str:
         "",
         "\"section N\" below is the notebook's heading \"## N.\" (cell numbers shift when a lesson changes). The",
         "script reads its fixed costs from the committed runs' figures (`docs/results/lesson-times.json`, which",
-        "`make lessons` writes; each lesson's spec in `course_lib/lessons.py` names the figures), so rerun it with",
+        "`make lessons` writes; each lesson's spec in `base/lessons.py` names the figures), so rerun it with",
         "`--write` after `make lessons`; `tests/test_gpu_estimates.py` fails when the README's estimate table",
         "differs from its output.",
         "",

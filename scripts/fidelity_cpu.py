@@ -27,9 +27,11 @@ from pathlib import Path
 
 import torch
 
-from course_lib import config, experiments, hardware, results, runs, speedrun, verdict
-from course_lib.data import CIFAR10DataModule
-from course_lib.timing import DeviceTimer
+from course_lib.base import config, hardware, results
+from course_lib.data.data import CIFAR10DataModule
+from course_lib.measure import verdict
+from course_lib.measure.timing import DeviceTimer
+from course_lib.training import experiments, runs, speedrun
 from scripts.ports import airbench_port
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,8 +25,10 @@ from pathlib import Path
 
 import torch
 
-from course_lib import config, experiments, muon, results, speedrun, verdict
-from course_lib.timing import DeviceTimer
+from course_lib.base import config, results
+from course_lib.measure import verdict
+from course_lib.measure.timing import DeviceTimer
+from course_lib.training import experiments, muon, speedrun
 from scripts.fidelity_cpu import datamodule, run_seeds
 from scripts.ports import airbench_muon_port, airbench_port, hiverge_port
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from course_lib import experiments, muon, speedrun
-from course_lib.data import to_float
+from course_lib.data.data import to_float
+from course_lib.training import experiments, muon, speedrun
 from scripts.fidelity_cpu import datamodule
 from scripts.ports import airbench_muon_port as port
 from scripts.ports import airbench_port

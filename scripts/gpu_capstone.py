@@ -29,7 +29,7 @@ Order, most important first; the results file is rewritten after every run, so a
       channels_last, batch 1536, 7.59 epochs, selective TTA, after an untimed warm-up; on the CPU in a dry run;
   (h) SpeedrunModule with speedrun.RECORD (the course's record rung), as (b);
   (d) while --budget lasts: scripts/gpu_check.py's lesson 03-05 configurations (target pairs first), then lesson
-      06's one-device row (course_lib.scaling, as scripts/gpu_ddp_check.py measures it).
+      06's one-device row (course_lib.parallel.scaling, as scripts/gpu_ddp_check.py measures it).
 All parts use one split: 45,000 training / 5,000 test images carved with seed 0 from the 50,000 training JPEGs (no
 validation). airbench's own benchmark trains on 50,000 and tests on the official 10,000, so its published figures
 (94.01 %, 3.83 s on an A100) are not comparable to these; the ratios here are like for like.
@@ -49,8 +49,11 @@ from pathlib import Path
 
 import torch
 
-from course_lib import config, experiments, hardware, models, muon, results, runs, sources, speedrun, timing, verdict
-from course_lib.sources import ImageFolderSource, open_source
+from course_lib.base import config, hardware, results
+from course_lib.data import sources
+from course_lib.data.sources import ImageFolderSource, open_source
+from course_lib.measure import timing, verdict
+from course_lib.training import experiments, models, muon, runs, speedrun
 from scripts import airbench_carry, lesson_checks
 from scripts.ports import airbench_muon_port, airbench_port, hiverge_port
 

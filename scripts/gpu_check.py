@@ -1,4 +1,4 @@
-"""The GPU check for lessons 03-05: first this GPU's ceilings (course_lib.ceilings: matmul per native format, HBM
+"""The GPU check for lessons 03-05: first this GPU's ceilings (measure.ceilings: matmul per native format, HBM
 bandwidth inside and past L2, elementwise and tanh rates, launch cost eager and compiled, host-to-device copies from
 pinned and pageable memory), saved where the lessons read them; the lessons' step model against them (ResNet-9's
 step per native format, its convolutions at their floors); then the lessons' bench configurations, in about 8
@@ -18,10 +18,13 @@ from pathlib import Path
 
 import torch
 
-from course_lib import bench, ceilings, config, hardware, lessons, results, roofline, runs, timing, verdict
-from course_lib.models import ResNet9
-from course_lib.modules import ImageClassifierModule
-from course_lib.sources import ImageFolderSource, load_image_folder, open_source
+from course_lib.base import config, hardware, lessons, results
+from course_lib.benchmark import bench
+from course_lib.data.sources import ImageFolderSource, load_image_folder, open_source
+from course_lib.measure import ceilings, roofline, timing, verdict
+from course_lib.training import runs
+from course_lib.training.models import ResNet9
+from course_lib.training.modules import ImageClassifierModule
 
 SECONDS = {"smoke": 0.2, "full": 1.0}  # timed seconds per step-model row
 TARGETS = [(lesson.number, t.config, t.baseline, t.speedup) for lesson in lessons.LESSONS for t in lesson.targets]

@@ -3,8 +3,9 @@
     python -m scripts.gpu_ddp_check --data data/carry/cifar10-15k.pt   # on a GPU machine (about 1 minute per GPU)
     python -m scripts.gpu_ddp_check                                    # no GPU: a dry run on 1 and 2 CPU processes
 
-Every measurement runs in fresh processes (`python -m course_lib.scaling`, strategy ddp), as a cluster job would.
-Writes docs/results/<gpu>-ddp.md, or build/gpu_ddp_check-dryrun.md without a GPU (docs/ holds GPU figures only).
+Every measurement runs in fresh processes (`python -m course_lib.parallel.scaling`, strategy ddp), as a cluster
+job would. Writes docs/results/<gpu>-ddp.md, or build/gpu_ddp_check-dryrun.md without a GPU (docs/ holds GPU
+figures only).
 """
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from course_lib import bench, config, hardware, results, scaling, timing
+from course_lib.base import config, hardware, results
+from course_lib.benchmark import bench
+from course_lib.measure import timing
+from course_lib.parallel import scaling
 from scripts import gpu_check  # its warm-up rule
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
 """Part (d) of scripts/gpu_capstone.py: lessons 03-05's benchmark configurations (scripts/gpu_check.py's) and
-lesson 06's one-device row (course_lib.scaling's script path, as scripts/gpu_ddp_check.py's first row), one at a
+lesson 06's one-device row (parallel.scaling's script path, as scripts/gpu_ddp_check.py's first row), one at a
 time while a time budget lasts, on a 15,000-image subset made from the capstone's decoded data.
 
 Writes docs/results/<gpu>.md (build/gpu_check-dryrun.md in a dry run) in gpu_check.py's layout."""
@@ -11,7 +11,9 @@ from pathlib import Path
 
 import torch
 
-from course_lib import bench, config, hardware, results, scaling
+from course_lib.base import config, hardware, results
+from course_lib.benchmark import bench
+from course_lib.parallel import scaling
 from scripts import gpu_check
 
 ORDER = ["ResNet-9 fp32", "ResNet-9 bf16-mixed", "ResNet-9 bf16 + compile + channels_last",

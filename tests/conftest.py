@@ -16,8 +16,10 @@ import lightning as L
 import pytest
 import torch
 
-from course_lib import config, hardware, jpeg, runs
-from course_lib.sources import load_image_folder
+from course_lib.base import config, hardware
+from course_lib.data import jpeg
+from course_lib.data.sources import load_image_folder
+from course_lib.training import runs
 
 REPO = Path(__file__).resolve().parents[1]
 FORK_RULE = REPO / "tests" / "gpu_fork_rule"  # its sitecustomize.py: a fork after a backward fails, as with a GPU
@@ -251,8 +253,8 @@ def locate_cifar_folder(source: str | None, data_root: Path, mirror_url: str | N
 
 
 def run_main(capsys, *args: str) -> tuple[int, str, str]:
-    """course_lib.cli.main(args) in this process: its exit code (0 when it returns) and its output."""
-    from course_lib.cli import main
+    """course_lib.entry.cli.main(args) in this process: its exit code (0 when it returns) and its output."""
+    from course_lib.entry.cli import main
 
     try:
         main(list(args))

@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_lib import breakdown, ceilings, roofline
+from course_lib.benchmark import breakdown
+from course_lib.measure import ceilings, roofline
 
 
 def fake_ceilings(rate=1e11, bandwidth=1e10, per_op=1e-5) -> ceilings.Ceilings:

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from course_lib.sources import load_image_folder
+from course_lib.data.sources import load_image_folder
 
 
 @pytest.fixture

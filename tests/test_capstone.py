@@ -13,7 +13,8 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-from course_lib import hardware, muon, results  # noqa: E402
+from course_lib.base import hardware, results  # noqa: E402
+from course_lib.training import muon  # noqa: E402
 from scripts import airbench_carry  # noqa: E402
 
 #: airbench 0.1.8's own table, printed by its print_training_details (train94, verbose=True)
@@ -223,7 +224,7 @@ def test_gpu_check_on_a_gpu_without_bf16_compiles_in_fp16(monkeypatch):
 def test_seed_loop_warms_up_then_stops_at_the_deadline(monkeypatch):
     """experiments.seed_loop, the one seed loop under a time budget (gpu_capstone's parts, airbench's runs): the
     warm-up first and unreported, each run reported as it ends, no run started after the deadline (injected clock)."""
-    from course_lib import experiments
+    from course_lib.training import experiments
 
     clock = iter([0.0, 5.0, 11.0, 20.0])  # time.monotonic() before each run: the third starts past the deadline
     monkeypatch.setattr(experiments.time, "monotonic", lambda: next(clock))
@@ -238,7 +239,8 @@ def test_part_b_reports_each_seed_and_the_spent_budget(tmp_path, monkeypatch):
     and a 'time budget spent' line when the deadline stops it (injected runs and clock, nothing trains)."""
     import types
 
-    from course_lib import experiments, results
+    from course_lib.base import results
+    from course_lib.training import experiments
     from scripts import gpu_capstone
 
     ran = []

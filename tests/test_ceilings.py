@@ -1,4 +1,4 @@
-"""The op-class ceilings (course_lib.opclasses through course_lib.ceilings): the rows measured, the bandwidth picked by
+"""The op-class ceilings (measure.opclasses through measure.ceilings): the rows measured, the bandwidth picked by
 working set, the elementwise and first-touch figures, and a saved file from before the op classes measured again.
 Injected timings only: no clock decides a test."""
 import json
@@ -6,7 +6,8 @@ import json
 import pytest
 import torch
 
-from course_lib import ceilings, config, opclasses
+from course_lib.base import config
+from course_lib.measure import ceilings, opclasses
 
 
 def row(name, kind, value, capacity=0):

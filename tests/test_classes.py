@@ -7,8 +7,8 @@ import shutil
 import lightning as L
 import pytest
 
-from course_lib.data import CIFAR10DataModule
-from course_lib.modules import ImageClassifierModule
+from course_lib.data.data import CIFAR10DataModule
+from course_lib.training.modules import ImageClassifierModule
 
 
 def fit_one_step(folder, tmp_path, num_classes: int) -> ImageClassifierModule:
@@ -33,7 +33,7 @@ def test_fewer_classes_than_outputs_warns_with_the_remedy(tiny_folder, tmp_path)
 
 def test_more_classes_than_outputs_fail_before_training(tmp_path, make_folder, cifar_folder):
     """An 11-class folder on a 10-way head fails at setup naming the remedy (not IndexError: Target 10 ...)."""
-    from course_lib.data import CIFAR10_CLASSES
+    from course_lib.data.data import CIFAR10_CLASSES
 
     folder = tmp_path / "eleven"
     make_folder(folder / "train", classes=CIFAR10_CLASSES, per_class=2)

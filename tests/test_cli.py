@@ -13,8 +13,8 @@ import pytest
 import torch
 import yaml
 
-from course_lib.cli import main
-from course_lib.errors import CourseError
+from course_lib.base.errors import CourseError
+from course_lib.entry.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 LENET = str(REPO / "configs/lenet.yaml")
@@ -83,7 +83,7 @@ def test_fit_redirected_to_a_file_logs_a_line_per_epoch(cli):
 
 def test_log_defaults_keep_the_progress_bar_in_a_terminal():
     """In a terminal the usual progress bar stays; redirected, it is replaced by the per-epoch lines."""
-    from course_lib.cli import EpochLines, log_defaults
+    from course_lib.entry.cli import EpochLines, log_defaults
 
     assert log_defaults(interactive=True) == {}
     quiet = log_defaults(interactive=False)
@@ -152,7 +152,7 @@ def test_failed_fit_prints_the_message_alone_and_leaves_no_empty_run_folder(make
                                                                             monkeypatch, capsys):
     """A fit that fails at setup (an 11-class folder on a 10-way head) exits 1 with the course's message and no
     traceback (--debug raises the error itself), and leaves no empty logs/version_N folder."""
-    from course_lib.data import CIFAR10_CLASSES
+    from course_lib.data.data import CIFAR10_CLASSES
 
     make_folder(tmp_path / "eleven" / "train", classes=CIFAR10_CLASSES, per_class=2)
     shutil.copytree(tmp_path / "eleven" / "train" / "cat", tmp_path / "eleven" / "train" / "lynx")
@@ -176,8 +176,9 @@ def test_16_mixed_on_a_cpu_is_an_error_not_a_silent_bf16_run(capsys):
 def test_precision_the_cpu_has_passes_through():
     """32-true (and its short name 32) pass the policy unchanged on any machine; unset is the policy's choice, the
     default of every entry point; a setting the policy does not cover is Lightning's."""
-    from course_lib import hardware, runs
-    from course_lib.cli import CourseCLI
+    from course_lib.base import hardware
+    from course_lib.entry.cli import CourseCLI
+    from course_lib.training import runs
 
     assert CourseCLI._checked_precision("32", "cpu") == "32-true"
     policy = hardware.choose_precision()
@@ -198,7 +199,7 @@ def test_yaml_syntax_error_names_the_file_and_line(tmp_path, capsys):
 def test_a_bug_keeps_its_traceback(monkeypatch):
     """An error that is not a CourseError (here a KeyError from inside a check) propagates unchanged: the CLI prints
     only the course's own errors as a message."""
-    from course_lib import hardware
+    from course_lib.base import hardware
 
     def broken(accelerator, devices):
         raise KeyError("a bug")
@@ -236,8 +237,8 @@ def test_every_keyword_only_setting_is_set_from_yaml_and_from_a_flag(tmp_path, c
     value and a command-line flag each override the default (print_config shows the parsed result)."""
     import inspect
 
-    from course_lib.data import CIFAR10DataModule
-    from course_lib.modules import ImageClassifierModule
+    from course_lib.data.data import CIFAR10DataModule
+    from course_lib.training.modules import ImageClassifierModule
 
     yaml_file = tmp_path / "over.yaml"
     yaml_file.write_text("model:\n  momentum: 0.8\n  warmup_fraction: 0.3\ndata:\n  seed: 7\n  val_fraction: 0.2\n")

@@ -17,12 +17,13 @@ import torch
 from conftest import run_main
 from lightning.pytorch.loggers import CSVLogger
 
-from course_lib import hardware, runfolder
-from course_lib.cli import main
-from course_lib.data import CIFAR10DataModule
-from course_lib.divergence import StopOnDivergence
-from course_lib.modules import ImageClassifierModule
-from course_lib.sampling import Loader
+from course_lib.base import hardware
+from course_lib.data.data import CIFAR10DataModule
+from course_lib.data.sampling import Loader
+from course_lib.entry import runfolder
+from course_lib.entry.cli import main
+from course_lib.entry.divergence import StopOnDivergence
+from course_lib.training.modules import ImageClassifierModule
 
 REPO = Path(__file__).resolve().parents[1]
 LENET, RESNET9 = str(REPO / "configs" / "lenet.yaml"), str(REPO / "configs" / "resnet9.yaml")

@@ -18,8 +18,8 @@ import torch
 import yaml
 from conftest import run_main
 
-from course_lib.cli import main
-from course_lib.data import CIFAR10DataModule
+from course_lib.data.data import CIFAR10DataModule
+from course_lib.entry.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 LENET = str(REPO / "configs" / "lenet.yaml")
@@ -309,7 +309,7 @@ def test_resume_with_no_last_ckpt_is_refused(trained, tiny_folder, monkeypatch, 
 def test_atomic_checkpoint_write_keeps_the_old_file_when_interrupted(tmp_path, monkeypatch):
     """A save that dies mid-write leaves the previous checkpoint whole and no temporary file; a save that completes
     replaces it through a temporary file in the same folder."""
-    from course_lib.runfolder import AtomicCheckpointIO
+    from course_lib.entry.runfolder import AtomicCheckpointIO
 
     io, path = AtomicCheckpointIO(), tmp_path / "last.ckpt"
     io.save_checkpoint({"step": 1}, path)

@@ -19,7 +19,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from course_lib import hardware
+from course_lib.base import hardware
 
 REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -74,12 +74,12 @@ def test_install_cell_installs_the_course_from_a_local_checkout(tmp_path):
     site = tmp_path / "site"  # stands in for the runtime's site-packages; its torch etc. are already installed
     env = {**OFFLINE, "COURSE_INSTALL_FROM": str(src), "PIP_TARGET": str(site), "PYTHONPATH": str(site),
            "PIP_NO_DEPS": "1"}
-    then = "import course_lib.config\nprint('imported from', course_lib.config.__file__)"
+    then = "import course_lib.base.config\nprint('imported from', course_lib.base.config.__file__)"
     first, plan = run_cell(sys.executable, tmp_path, env, then)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
     assert f"Installing the course from {src}" in first.stdout
     assert re.search(r"Installed in \d+ s: course_lib \S+ -> 0\.1\.0", first.stdout), first.stdout  # new on Colab
-    assert f"imported from {site / 'course_lib' / 'config.py'}" in first.stdout
+    assert f"imported from {site / 'course_lib' / 'base' / 'config.py'}" in first.stdout
     second, _ = run_cell(sys.executable, tmp_path, env, then)  # installed now: the cell does nothing
     assert second.returncode == 0 and "Installing" not in second.stdout, second.stderr[-2000:]
 

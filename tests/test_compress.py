@@ -1,4 +1,4 @@
-"""course_lib.compress: int8 PTQ accuracy, size and reload; QAT end to end; pruning sparsity. The deprecated
+"""course_lib.compression.compress: int8 PTQ accuracy, size and reload; QAT end to end; pruning sparsity. The deprecated
 torch.ao.quantization is banned by ruff (TID251 in pyproject.toml) in course_lib, scripts and tests alike."""
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import lightning as L
 import pytest
 import torch
 
-from course_lib import compress
-from course_lib.data import CIFAR10DataModule
-from course_lib.models import LeNet, ResNet9
-from course_lib.modules import ImageClassifierModule
+from course_lib.compression import compress
+from course_lib.data.data import CIFAR10DataModule
+from course_lib.training.models import LeNet, ResNet9
+from course_lib.training.modules import ImageClassifierModule
 
 # PTQ tolerance on fresh random inputs: logits within 5 % relative L2 error of fp32, and the same top-1 class for at
 # least 95 % of inputs (int8 rounding moves logits by about 1 %; near-ties may flip)

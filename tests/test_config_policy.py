@@ -1,4 +1,4 @@
-"""course_lib.hardware: the one CPU-capability reader, and the precision policy (bf16 only where the hardware computes
+"""base.hardware: the one CPU-capability reader, and the precision policy (bf16 only where the hardware computes
 it natively), from injected capability facts."""
 import re
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_lib import config, hardware
+from course_lib.base import config, hardware
 
 GPU_OLD = {"gpu": "Tesla T4", "compute_capability": "7.5", "bf16_native": False}
 GPU_NEW = {"gpu": "NVIDIA H100", "compute_capability": "9.0", "bf16_native": True}

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_lib import config
-from course_lib.data import (
+from course_lib.base import config
+from course_lib.data.data import (
     CIFAR10_CLASSES,
     CIFAR10_MEAN,
     CIFAR10_STD,
@@ -20,8 +20,8 @@ from course_lib.data import (
     split_indices,
     to_float,
 )
-from course_lib.sampling import EpochSampler
-from course_lib.sources import load_image_folder, load_torchvision_cifar10
+from course_lib.data.sampling import EpochSampler
+from course_lib.data.sources import load_image_folder, load_torchvision_cifar10
 
 MEAN = torch.tensor(CIFAR10_MEAN)[:, None, None]
 STD = torch.tensor(CIFAR10_STD)[:, None, None]
@@ -55,7 +55,7 @@ def test_batches_are_normalised_float_images_with_int64_labels(tiny_folder, tmp_
 def test_one_normalisation_for_the_loader_and_the_device_batches(tiny_folder, tmp_path):
     """to_float is the one normalisation: DataLoader batches and DeviceBatches of the same images are equal to it
     (uint8 or float pixels alike), with and without statistics, and it never changes a float input in place."""
-    from course_lib.ondevice import DeviceBatches
+    from course_lib.data.ondevice import DeviceBatches
 
     for normalize in (True, False):
         dm = tiny_dm(tiny_folder, tmp_path, normalize=normalize)
@@ -192,7 +192,7 @@ def test_cache_written_once_and_reused(tiny_folder, tmp_path):
 
 def test_prepare_data_after_setup_does_not_list_the_folder_again(tiny_folder, tmp_path, monkeypatch):
     """Lightning calls prepare_data on every fit; once a split is decoded, the 50k-file listing is not repeated."""
-    import course_lib.sources as sources
+    import course_lib.data.sources as sources
 
     dm = tiny_dm(tiny_folder, tmp_path)
     dm.prepare_data()
@@ -209,7 +209,7 @@ def test_prepare_data_sets_no_state_and_setup_loads_once(tiny_folder, tmp_path, 
     changes; setup loads each split once into the DataModule's own `loaded` (no process-wide memo), and a second
     setup (test after fit) reads nothing again; a DataModule given the same `loaded` reads nothing, one without it
     reads the verified disk cache and decodes nothing."""
-    from course_lib import sources
+    from course_lib.data import sources
 
     dm = tiny_dm(tiny_folder, tmp_path)
     before = dict(vars(dm))
@@ -243,7 +243,7 @@ def test_cache_invalidated_when_folder_changes(make_folder, tmp_path):
 def test_full_folder_cached_in_repo_data_and_read_back(cifar_folder, monkeypatch):
     """The 50k folder's cache lives in the repo's data/cache, and a second load reads it back without decoding one
     image (its load time is printed; timing never fails a test)."""
-    import course_lib.sources as data_module
+    import course_lib.data.sources as data_module
 
     monkeypatch.delenv(config.DATA_ROOT_ENV, raising=False)  # use (and keep) the default cache the notebooks use
     assert config.data_root() == Path(__file__).resolve().parents[1] / "data"
@@ -423,7 +423,7 @@ def test_test_folder_labelled_by_the_models_classes_not_the_data_source(tiny_fol
     its head is refused."""
     from types import SimpleNamespace
 
-    from course_lib.modules import ImageClassifierModule
+    from course_lib.training.modules import ImageClassifierModule
 
     foreign = make_folder(tmp_path / "foreign", classes=("cat", "ship"), per_class=2)
     other = make_folder(tmp_path / "other" / "train", classes=("cat", "ship"), per_class=2).parent
@@ -444,7 +444,7 @@ def test_carved_test_split_of_other_classes_than_the_models_is_refused(make_fold
     """Grading on COURSE_DATA's carved test split with a model trained on other classes would use wrong labels."""
     from types import SimpleNamespace
 
-    from course_lib.modules import ImageClassifierModule
+    from course_lib.training.modules import ImageClassifierModule
 
     other = make_folder(tmp_path / "other" / "train", classes=("cat", "ship"), per_class=10).parent
     dm = tiny_dm(other, tmp_path)
@@ -465,7 +465,7 @@ def test_missing_test_folder_names_the_test_folder(tiny_folder, tmp_path):
 def test_data_root_that_is_a_file_fails_before_decoding(tiny_folder, tmp_path, monkeypatch):
     """COURSE_DATA_ROOT naming a file fails at once, naming it and the setting, before any image is decoded; the
     torchvision download says the same instead of blaming a slow host."""
-    import course_lib.sources as data_module
+    import course_lib.data.sources as data_module
 
     blocker = tmp_path / "root.txt"
     blocker.write_text("not a folder")

@@ -13,9 +13,10 @@ import pytest
 from conftest import DataUnavailable, locate_cifar_folder
 from torchvision.datasets import CIFAR10
 
-from course_lib import config, jpeg
-from course_lib.data import CIFAR10_CLASSES
-from course_lib.sources import (
+from course_lib.base import config
+from course_lib.data import jpeg
+from course_lib.data.data import CIFAR10_CLASSES
+from course_lib.data.sources import (
     ImageFolderSource,
     TensorFileSource,
     TorchvisionSource,
@@ -175,7 +176,7 @@ def test_resolver_rejects_a_missing_source_or_one_without_train(tmp_path, monkey
 
 def test_jpeg_datamodule_resolves_its_source_once(tmp_path, monkeypatch, cifar_folder):
     """JpegDataModule reads the data source when built: a COURSE_DATA changed afterwards does not move it."""
-    from course_lib.jpeg import JpegDataModule
+    from course_lib.data.jpeg import JpegDataModule
 
     monkeypatch.setenv(config.DATA_ENV, str(cifar_folder))
     dm = JpegDataModule(8, subset=16)
@@ -227,7 +228,7 @@ def test_a_jpeg_pack_is_a_source_format(tmp_path):
     load) recognises it and decodes it to the same pixels as the folder's own files."""
     import torch
 
-    from course_lib import sources
+    from course_lib.data import sources
 
     images = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)
     data = {"images": images, "labels": torch.tensor([0, 1, 0, 1]), "classes": ["a", "b"]}

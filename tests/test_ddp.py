@@ -14,8 +14,10 @@ import torch
 import yaml
 from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 
-from course_lib import cli, hardware, parallel, scaling
-from course_lib.sampling import EpochSampler
+from course_lib.base import hardware
+from course_lib.data.sampling import EpochSampler
+from course_lib.entry import cli
+from course_lib.parallel import parallel, scaling
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -138,8 +140,8 @@ def test_torchrun_cli_ddp_two_cpu_processes(tmp_path, tiny_folder):
 
 
 def test_script_path_lightning_launches_the_ranks(tmp_path, tiny_folder, monkeypatch):
-    """`python -m course_lib.scaling --devices 2` (strategy ddp: Lightning re-runs the command for rank 1) trains on
-    both ranks; rank 0 reports the throughput of both."""
+    """`python -m course_lib.parallel.scaling --devices 2` (strategy ddp: Lightning re-runs the command for rank 1)
+    trains on both ranks; rank 0 reports the throughput of both."""
     monkeypatch.setenv("COURSE_DATA", str(tiny_folder))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     row = scaling.measure_script(2, tmp_path / "row.json", timeout=180, accelerator="cpu", model="lenet", batch=8,

@@ -1,8 +1,8 @@
-"""Lesson 06's model of a data-parallel step (course_lib.ddpmodel) from injected measurements: the ring's bytes, the
+"""Lesson 06's model of a data-parallel step (parallel.ddpmodel) from injected measurements: the ring's bytes, the
 link fitted from two all-reduce sizes, and the predicted efficiency. No clock, no processes."""
 import pytest
 
-from course_lib import ddpmodel
+from course_lib.parallel import ddpmodel
 
 
 def test_ring_bytes_and_the_link_from_two_sizes():

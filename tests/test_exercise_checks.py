@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from course_lib import exercises
-from course_lib.data import crop_flip, to_float
+from course_lib.data.data import crop_flip, to_float
 from course_lib.exercises import Grading, forbidden, inference, solution, starter, training
 
 
@@ -87,7 +87,7 @@ def test_forbidden_blocks_nest_and_leave_no_hook_behind():
 # ---- lesson 01: batch a classifier, prediction first ------------------------------------------------------------
 def fake_ceil(spread: float = 1.1):
     """Ceilings with a known spread (slowest / fastest block): the prediction's tolerance is 2x that."""
-    from course_lib import ceilings
+    from course_lib.measure import ceilings
 
     rows = {name: ceilings.Ceiling(name, kind, (value, value * spread)) for name, kind, value in
             (("matmul fp32", "compute", 1e11), ("memory", "memory", 3e10), ("per op", "overhead", 3e-6))}
@@ -108,7 +108,7 @@ def test_01_starter_pastes_and_the_old_shortcut_fail_the_mechanism():
     higher learning rate in a training loop) fail without a clock."""
     from torch.utils.data import DataLoader
 
-    from course_lib.loops import predict
+    from course_lib.training.loops import predict
 
     def pasted_predict(net, images):  # section 4's cell: predict(model, test_loader, DEVICE)
         return predict(net, DataLoader(list(zip(images, images[:, 0, 0, 0])), batch_size=256))[0]
@@ -197,7 +197,8 @@ def test_02_solution_passes_the_mechanism(trainer_data):
 
 # ---- lesson 03: a pipeline built by the learner ---------------------------------------------------------------
 def test_03_starter_and_library_pipeline_fail(monkeypatch):
-    from course_lib import config, runs
+    from course_lib.base import config
+    from course_lib.training import runs
 
     monkeypatch.delenv(config.DATA_ROOT_ENV)  # the library decodes the 50k folder: into the cache the notebooks use
 
@@ -209,7 +210,7 @@ def test_03_starter_and_library_pipeline_fail(monkeypatch):
 def test_03_workers_fail_and_the_solution_passes_the_mechanism(capsys):
     """More workers (the one-token edit `num_workers=2`) move the same decoding onto other processes: the mechanism
     refuses them; decoding once in setup passes."""
-    from course_lib import jpeg
+    from course_lib.data import jpeg
 
     workers = lambda b, s: jpeg.JpegDataModule(b, subset=s, num_workers=2)  # noqa: E731
     assert exercises.check_03_data_wait(workers, measure=False) is False
@@ -219,7 +220,7 @@ def test_03_workers_fail_and_the_solution_passes_the_mechanism(capsys):
 
 # ---- lesson 07: the learner's own int8 program -----------------------------------------------------------------
 def _07_inputs():
-    from course_lib.models import ResNet9
+    from course_lib.training.models import ResNet9
 
     torch.manual_seed(0)
     net = ResNet9(width=8).eval()
@@ -228,7 +229,7 @@ def _07_inputs():
 
 
 def test_07_starter_and_shortcuts_fail():
-    from course_lib import compress
+    from course_lib.compression import compress
 
     net, calib, held = _07_inputs()
     for quantize in (starter("07", 2)["quantize"], lambda m, c: compress.quantize_ptq(m, c),
@@ -243,7 +244,7 @@ def test_06_prediction_graded_against_injected_rounds(capsys):
     from course_lib.exercises import allreduce
 
     link, mine = (196e-6, 0.99e9), solution("06")["predict_speedup"]
-    from course_lib import parallel
+    from course_lib.parallel import parallel
     predicted = mine(*link, parallel.deep_mlp(), 2)
     assert 20 < predicted < 50  # 50 calls' latency against one, the same ~100 kB at the bandwidth
     base, fast = [0.0110, 0.0100, 0.0120], [0.00055, 0.0005, 0.0006]  # measured ratio 20x, rounds 1.2x apart
@@ -259,8 +260,8 @@ def test_prediction_07_graded_against_an_injected_speed_up(capsys):
     """No clock, no compile: the solution's prediction from the roofs (products at each format's rate) passes against
     a measured speed-up 1.4x below it (the committed EPYC run: roofs 3.50x, measured 2.48x); the starter's None, the
     fp32-only roof (no gain) and a prediction without the Linear's fp32 share far off do not."""
-    from course_lib import ceilings
-    from course_lib.models import ResNet9
+    from course_lib.measure import ceilings
+    from course_lib.training.models import ResNet9
 
     ceil = fake_ceil(1.1)
     ceil.rows["matmul int8"] = ceilings.Ceiling("matmul int8", "compute", (4e11, 4.4e11))
@@ -280,7 +281,7 @@ def pasted_cell_16(model, calibration):
     """Lesson 07's cell 16 pasted: the PT2E steps with the lesson's quantizer, which quantize the Linear too."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    from course_lib import compress
+    from course_lib.compression import compress
 
     prepared = prepare_pt2e(compress.export(model).module(), compress.x86_quantizer())
     with torch.no_grad():
@@ -303,7 +304,7 @@ def test_07_pasting_the_lessons_ptq_cell_fails_and_the_solution_keeps_the_linear
 
 # ---- lesson 08: one batch operation, not the library's kernel ------------------------------------------------
 def test_08_starter_and_shortcuts_fail():
-    from course_lib import data
+    from course_lib.data import data
 
     assert exercises.check_08_batch_augment(starter("08", 2)["augment"], measure=False) is False  # one image at a time
     kernel = lambda x, s, f, p: data.crop_flip(data.to_float(x), s, f, p, mode="reflect")  # noqa: E731
@@ -317,7 +318,7 @@ def pasted_cell_30(x, shifts, flips, pad=2):
     """Lesson 08's cell 30 (my_batches) pasted as augment: a batch pad and mirror, but each window cut per image."""
     import torch.nn.functional as F
 
-    from course_lib import data
+    from course_lib.data import data
 
     mean, std = (torch.tensor(v).view(-1, 1, 1) * 255 for v in (data.CIFAR10_MEAN, data.CIFAR10_STD))
     z = F.pad(x.float(), (pad,) * 4, mode="reflect")  # (B, 3, 36, 36)

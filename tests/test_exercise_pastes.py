@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_lib import ceilings, roofline
 from course_lib.exercises import compute, datapath, exercise_cells, predict, solution, starter, training
+from course_lib.measure import ceilings, roofline
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 SPREAD = 1.1  # every fake ceiling's slowest block over its fastest: a tolerance of 2.2x
@@ -33,7 +33,7 @@ def fake_ceil() -> ceilings.Ceilings:
 def no_floor_timing(monkeypatch):
     """Floors (roofline.count(floors=True): the solutions of 02, 03 and 08) as a fixed figure in a cache of this
     test's own: no clock, one prediction, and no fake floor left for other tests."""
-    from course_lib import opcount
+    from course_lib.measure import opcount
 
     monkeypatch.setattr(opcount, "_best", lambda fn: 1e-5)
     monkeypatch.setattr(opcount, "replay", lambda chain, died: {c[0]: 1e-5 for c in chain if not c[4]})
@@ -206,7 +206,7 @@ def test_00_pasted_functions_and_one_ceiling_alone_fail_the_solution_passes(coun
 # ---- the one-token shortcuts the learner review named -------------------------------------------------------
 def test_03_more_workers_fail_even_with_the_solutions_prediction(capsys):
     """03: `num_workers=2` in the starter moves the decoding into workers: refused, whatever the prediction."""
-    from course_lib import jpeg
+    from course_lib.data import jpeg
 
     ceil = fake_ceil()
     workers = lambda b, s: jpeg.JpegDataModule(b, subset=s, num_workers=2)  # noqa: E731

@@ -1,8 +1,8 @@
 """The self-check helper of the exercises, and the course runner's summary."""
 import pytest
 
+from course_lib.entry.runner import lesson_paths, summary_markdown
 from course_lib.exercises.warmups import check
-from course_lib.runner import lesson_paths, summary_markdown
 
 
 def test_check_not_attempted_is_not_an_error(capsys):

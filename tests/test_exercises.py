@@ -122,7 +122,7 @@ def sol_ceil():
     """Ceilings with one steady block each (no clock): the prediction's tolerance is 2x."""
     import torch
 
-    from course_lib import ceilings
+    from course_lib.measure import ceilings
 
     rows = {name: ceilings.Ceiling(name, kind, (value,)) for name, kind, value in
             (("matmul fp32", "compute", 1e11), ("memory", "memory", 3e10), ("per op", "overhead", 3e-6))}

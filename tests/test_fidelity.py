@@ -6,10 +6,10 @@ import math
 import pytest
 import torch
 
-from course_lib import optim, speedrun
-from course_lib.data import to_float
-from course_lib.models import AirNet, init_whitening
-from course_lib.speedrun import Recipe
+from course_lib.data.data import to_float
+from course_lib.training import optim, speedrun
+from course_lib.training.models import AirNet, init_whitening
+from course_lib.training.speedrun import Recipe
 from scripts.ports import airbench_port as ab
 
 SMALL = (8, 16, 16)

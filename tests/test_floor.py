@@ -175,7 +175,7 @@ def test_quantizing_a_graph_that_stayed_fp32_is_refused():
     import torch
     from torch import nn
 
-    from course_lib import compress
+    from course_lib.compression import compress
 
     graph = torch.fx.symbolic_trace(nn.Sequential(nn.Linear(4, 2)))
     with pytest.raises(RuntimeError, match="stayed fp32.*compress.export"):

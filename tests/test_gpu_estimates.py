@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from course_lib import results
+from course_lib.base import results
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "estimate_gpu_times.py"

@@ -12,11 +12,11 @@ import torch
 import torch.distributed as dist
 from conftest import FORK_RULE, REPO
 
-from course_lib import parallel
+from course_lib.parallel import parallel
 
 PROBE = textwrap.dedent("""
     import multiprocessing, torch
-    from course_lib import parallel
+    from course_lib.parallel import parallel
 
     def child_backward(queue):
         try:
@@ -64,7 +64,8 @@ def test_emulated_rule_fails_a_fork_after_a_backward_and_fork_status_sees_it():
 def test_without_the_emulation_fork_status_reads_the_real_autograd_threads():
     """The real state of this machine, emulation off: after a backward, torch has started pt_autograd_ device threads
     where it sees a GPU and none on a CPU-only machine, and fork_status says no exactly when they exist."""
-    probe = ("import json, torch; from course_lib import parallel; torch.ones(2, requires_grad=True).sum().backward(); "
+    probe = ("import json, torch; from course_lib.parallel import parallel; "
+             "torch.ones(2, requires_grad=True).sum().backward(); "
              "print(json.dumps([torch.cuda.device_count(), parallel.autograd_device_threads(), "
              "parallel.fork_status()[0]]))")
     res = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env={"PATH": "/usr/bin:/bin"},

@@ -3,10 +3,11 @@ twin both train in fp16 with a GradScaler. Emulated on the CPU, whose autocast s
 import lightning as L
 import torch
 
-from course_lib import hardware, speedrun
-from course_lib.models import AirNet
-from course_lib.ondevice import AlternatingFlipTranslate, DeviceBatches
-from course_lib.speedrun import Recipe, SpeedrunModule
+from course_lib.base import hardware
+from course_lib.data.ondevice import AlternatingFlipTranslate, DeviceBatches
+from course_lib.training import speedrun
+from course_lib.training.models import AirNet
+from course_lib.training.speedrun import Recipe, SpeedrunModule
 
 SMALL = (8, 16, 16)
 T4 = {"gpu": "Tesla T4", "compute_capability": "7.5", "bf16_native": False, "cpu_bf16_native": False}

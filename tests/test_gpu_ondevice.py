@@ -10,9 +10,9 @@ import lightning as L
 import pytest
 import torch
 
-from course_lib.data import CIFAR10DataModule
-from course_lib.modules import ImageClassifierModule
-from course_lib.ondevice import DeviceBatches, OnDevice
+from course_lib.data.data import CIFAR10DataModule
+from course_lib.data.ondevice import DeviceBatches, OnDevice
+from course_lib.training.modules import ImageClassifierModule
 
 
 def fingerprint(x: torch.Tensor) -> list[float]:

@@ -2,7 +2,7 @@
 other; a near-miss name (a sparse figure, or the H100 NVL's) finds none and says so, rather than bias MFU."""
 import pytest
 
-from course_lib import flops
+from course_lib.measure import flops
 
 # torch.cuda.get_device_name() as those GPUs report it -> the part whose row it must find; None: no row may match
 NAMES = {

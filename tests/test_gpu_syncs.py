@@ -15,12 +15,15 @@ import lightning as L
 import pytest
 import torch
 
-from course_lib import bench, hardware, runs, speedrun, timing
-from course_lib.loops import train_plain
-from course_lib.models import AirNet, LeNet, SimpleCNN
-from course_lib.modules import ImageClassifierModule
-from course_lib.ondevice import AlternatingFlipTranslate, DeviceBatches, RandomCropFlip
-from course_lib.speedrun import Recipe, SpeedrunModule
+from course_lib.base import hardware
+from course_lib.benchmark import bench
+from course_lib.data.ondevice import AlternatingFlipTranslate, DeviceBatches, RandomCropFlip
+from course_lib.measure import timing
+from course_lib.training import runs, speedrun
+from course_lib.training.loops import train_plain
+from course_lib.training.models import AirNet, LeNet, SimpleCNN
+from course_lib.training.modules import ImageClassifierModule
+from course_lib.training.speedrun import Recipe, SpeedrunModule
 
 SMALL = (8, 16, 16)
 BATCH = 4  # images per step; 8 steps of 4 fit the tiny folder's 48 training images

@@ -13,7 +13,7 @@ LEGACY = re.compile(r"allow_tf32\s*=|set_float32_matmul_precision\(")
 def code_sources():
     """(where, code) of every course_lib module, script and notebook code cell."""
     for path in sorted([*(REPO / "course_lib").rglob("*.py"), *(REPO / "scripts").glob("*.py")]):
-        if path != REPO / "course_lib" / "hardware.py":  # hardware.set_tf32 keeps the legacy pair for torch < 2.9 only
+        if path != REPO / "course_lib" / "base" / "hardware.py":  # set_tf32: the legacy pair for torch < 2.9 only
             yield str(path.relative_to(REPO)), path.read_text()
     for path in sorted((REPO / "notebooks").glob("*.ipynb")):
         for i, cell in enumerate(json.loads(path.read_text())["cells"]):
@@ -29,7 +29,7 @@ def test_no_code_sets_tf32_with_the_legacy_switches():
 
 def test_set_tf32_uses_the_new_api_and_never_mixes():
     """On, off and the defaults: the per-backend settings follow, and reading them never meets the mixed-API error."""
-    probe = ("import torch; from course_lib import hardware\n"
+    probe = ("import torch; from course_lib.base import hardware\n"
              "m, c = torch.backends.cuda.matmul, torch.backends.cudnn.conv\n"
              "for on in (True, False, None):\n"
              "    hardware.set_tf32(on); print(on, m.fp32_precision, c.fp32_precision)\n")

@@ -12,9 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_lib import ceilings, compress, config, flops, hardware, machines, muon
-from course_lib.errors import CourseError
+from course_lib.base import config, hardware, machines
+from course_lib.base.errors import CourseError
+from course_lib.compression import compress
 from course_lib.exercises import inference
+from course_lib.measure import ceilings, flops
+from course_lib.training import muon
 from scripts import gpu_check
 
 CLASSES = list(hardware.CLASSES)

@@ -65,7 +65,7 @@ def sources() -> dict[str, list[tuple[str, str]]]:
     """{'runtime' | 'dev': [(relative path, source)]}: the lessons' code, and the tools' (runner, scripts, tests)."""
     runtime, dev = [], []
     for path in sorted((REPO / "course_lib").rglob("*.py")):
-        # course_lib.runner is `make course`'s notebook executor: a tool, not something a lesson imports
+        # course_lib.entry.runner is `make course`'s notebook executor: a tool, not something a lesson imports
         (dev if path.name == "runner.py" else runtime).append((path, path.read_text()))
     runtime += [(p, p.read_text()) for p in sorted((REPO / "notebooks" / "solutions").glob("*.py"))]
     runtime += [(p, notebook_code(p)) for p in sorted((REPO / "notebooks").glob("*.ipynb"))]
@@ -104,7 +104,7 @@ def test_the_lessons_import_only_runtime_dependencies(providers):
 
 
 def test_the_tools_import_only_declared_dependencies(providers):
-    """course_lib.runner, scripts/ and tests/ import only what [project] dependencies or the extras provide; the
+    """course_lib.entry.runner, scripts/ and tests/ import only what [project] dependencies or the extras provide; the
     same scan flags the tests' pytest imports against the runtime list, and scripts' airbench without its exemption."""
     dev = sources()["dev"]
     assert undeclared(dev, RUNTIME | DEV, providers) == [], (

@@ -1,4 +1,4 @@
-"""course_lib/internals.py is the one home of the private torch and Lightning APIs the course uses: no private name
+"""course_lib/base/internals.py is the one home of the private torch and Lightning APIs the course uses: no private name
 anywhere else in course_lib/ or scripts/, and each helper run for real against the installed torch and Lightning,
 so a release that moves one fails here, naming the helper."""
 from __future__ import annotations
@@ -11,10 +11,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from course_lib import internals, parallel
+from course_lib.base import internals
+from course_lib.parallel import parallel
 
 REPO = Path(__file__).resolve().parents[1]
-HOME = REPO / "course_lib" / "internals.py"
+HOME = REPO / "course_lib" / "base" / "internals.py"
 # Lightning's loop internals: public attribute names, private machinery (no underscore to find them by)
 LIGHTNING_LOOPS = {"fit_loop", "validate_loop", "test_loop", "predict_loop", "epoch_loop", "batch_progress"}
 # underscored names that are public by their own library's documentation
@@ -54,7 +55,7 @@ def test_private_apis_only_in_internals():
     files = [p for folder in ("course_lib", "scripts") for p in sorted((REPO / folder).rglob("*.py")) if p != HOME]
     uses = [use for path in files for use in private_uses(path)]
     outside = [f"{path}:{line}: {expr}" for path, line, expr in uses]
-    assert not outside, ("private torch/Lightning names outside course_lib/internals.py: give each a named helper "
+    assert not outside, ("private torch/Lightning names outside course_lib/base/internals.py: give each a named helper "
                          "there, with the reason no public API fits", outside)
 
 

@@ -1,4 +1,4 @@
-"""The lesson as the unit (course_lib.lessons): a notebook and its spec agree. Every notebook has one spec and every
+"""The lesson as the unit (base.lessons): a notebook and its spec agree. Every notebook has one spec and every
 spec one notebook, in course order; the notebook names itself as its spec does; its CHECK cells call the checks its
 spec lists; the README's lesson table and the committed run times are the specs' and the runner's; the sizes
 config reads are the specs'."""
@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from course_lib import config, exercises, lessons, results, runner
+from course_lib import exercises
+from course_lib.base import config, lessons, results
+from course_lib.entry import runner
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = runner.lesson_paths(REPO / "notebooks")
@@ -22,7 +24,7 @@ def code(path: Path) -> str:
 
 
 def test_every_notebook_has_one_spec_in_course_order():
-    assert [p.stem for p in NOTEBOOKS] == list(lessons.names()), "notebooks/ and course_lib/lessons.py differ"
+    assert [p.stem for p in NOTEBOOKS] == list(lessons.names()), "notebooks/ and course_lib/base/lessons.py differ"
     assert len(lessons.BY_NAME) == len(lessons.LESSONS) + len(lessons.SCRIPTS), "two specs share a name"
 
 
@@ -45,7 +47,7 @@ def test_notebook_calls_the_checks_its_spec_lists(path):
 
 def test_readme_lesson_table_is_the_specs():
     """The README's lesson block is exactly lesson_table's lines: a topic or status changes in the spec only (then
-    `python -m course_lib.runner --readme` rewrites the block)."""
+    `python -m course_lib.entry.runner --readme` rewrites the block)."""
     assert results.read_block(REPO / "README.md", runner.README_BLOCK) == runner.lesson_table(runner.committed_runs())
 
 

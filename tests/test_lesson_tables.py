@@ -67,7 +67,7 @@ def test_what_to_expect_has_a_cited_gpu_row(path):
 
 def test_measures_reads_as_plain_words_and_numbers():
     """bench.measures: '1 op' (not '1 ops'), whole numbers with separators, the note in brackets, no e-notation."""
-    from course_lib import bench
+    from course_lib.benchmark import bench
 
     rows = bench.measures([{"name": "kernels", "value": 1.0, "unit": "ops or fused C++ kernels"},
                            {"name": "images", "value": 1024.0, "unit": "images", "note": "last size"},

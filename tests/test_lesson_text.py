@@ -36,7 +36,7 @@ def test_lesson_markdown_quotes_no_measured_figure(path):
     """Every markdown cell of lessons 00-08 passes quoted_figures."""
     found = [f"cell {i}: {line[:120]}" for i, cell in enumerate(json.loads(path.read_text())["cells"])
              if cell["cell_type"] == "markdown" for line in quoted_figures("".join(cell["source"]))]
-    assert not found, "print these from the run (course_lib.verdict) or link their source:\n" + "\n".join(found)
+    assert not found, "print these from the run (course_lib.measure.verdict) or link their source:\n" + "\n".join(found)
 
 
 MAX_LESSON_WORDS = 2500  # markdown words a learner reads in one lesson, code fences excluded

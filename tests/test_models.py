@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_lib.models import AirNet, LeNet, ResNet9, SimpleCNN, build_model, count_parameters, init_whitening
+from course_lib.training.models import AirNet, LeNet, ResNet9, SimpleCNN, build_model, count_parameters, init_whitening
 
 
 @pytest.mark.parametrize("make", [SimpleCNN, LeNet, lambda: ResNet9(width=8)], ids=["simple_cnn", "lenet", "resnet9"])
@@ -78,7 +78,7 @@ def test_models_import_torch_alone():
     """models.py holds plain nn.Modules: it imports torch and nothing of the course (no data, no metrics)."""
     import ast
 
-    import course_lib.models as models
+    import course_lib.training.models as models
 
     tree = ast.parse(Path(models.__file__).read_text())
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}

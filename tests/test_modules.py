@@ -11,10 +11,10 @@ import pytest
 import torch
 import yaml
 
-from course_lib.data import CIFAR10DataModule
-from course_lib.loops import predict
-from course_lib.modules import ImageClassifierModule
-from course_lib.optim import LENET, make_optimizer
+from course_lib.data.data import CIFAR10DataModule
+from course_lib.training.loops import predict
+from course_lib.training.modules import ImageClassifierModule
+from course_lib.training.optim import LENET, make_optimizer
 
 
 def quiet_trainer(tmp_path, **kw) -> L.Trainer:

@@ -1,4 +1,4 @@
-"""course_lib.muon and the Muon rung: the Newton-Schulz band, the optimiser's step against hand-written and
+"""course_lib.training.muon and the Muon rung: the Newton-Schulz band, the optimiser's step against hand-written and
 airbench94_muon references, torch.optim.Muon's iteration, and speedrun.MUON against airbench94_muon's values."""
 import copy
 import dataclasses
@@ -7,9 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from course_lib import hardware, muon, optim, speedrun
-from course_lib.data import to_float
-from course_lib.ondevice import DeviceBatches
+from course_lib.base import hardware
+from course_lib.data.data import to_float
+from course_lib.data.ondevice import DeviceBatches
+from course_lib.training import muon, optim, speedrun
 from scripts.ports import airbench_muon_port as port
 
 SHAPES = [(16, 216), (32, 288), (64, 32), (48, 48 * 9)]  # flattened conv banks (out, in x 9), a tall matrix
@@ -206,9 +207,9 @@ def test_muon_recipe_optimizer_steps_as_airbench94_muon(hardware_class, cls):
 
 def test_module_and_twin_train_the_muon_recipe_alike(tiny_folder, session_data_root):
     """SpeedrunModule (Lightning) and the twin with speedrun.MUON on real images: the same losses step for step."""
-    from course_lib import experiments
-    from course_lib.data import CIFAR10DataModule
-    from course_lib.ondevice import Speedrun
+    from course_lib.data.data import CIFAR10DataModule
+    from course_lib.data.ondevice import Speedrun
+    from course_lib.training import experiments
 
     dm = CIFAR10DataModule(image_folder=str(tiny_folder), data_dir=str(session_data_root), batch_size=16, seed=0,
                            val_fraction=0.0, batching=Speedrun("cpu"))
@@ -282,9 +283,9 @@ def test_module_and_twin_start_from_the_drawn_whitening_bias(tiny_folder, sessio
     with whiten_bias_epochs=0 it never trains, so it ends as fresh_weights drew it (zero before issue 46's fix)."""
     import lightning as L
 
-    from course_lib import experiments
-    from course_lib.data import CIFAR10DataModule
-    from course_lib.ondevice import Speedrun
+    from course_lib.data.data import CIFAR10DataModule
+    from course_lib.data.ondevice import Speedrun
+    from course_lib.training import experiments
 
     dm = CIFAR10DataModule(image_folder=str(tiny_folder), data_dir=str(session_data_root), batch_size=20, seed=0,
                            val_fraction=0.0, batching=Speedrun("cpu"))
@@ -305,9 +306,9 @@ def test_lightning_trains_as_airbench94_muons_loop_from_one_start(hardware_class
     batches (scripts/fidelity_muon_stages.py's stage 4), take the same steps at the same LRs with the same losses, over
     4 epochs: the epoch boundaries, the whitening bias's decay and its freeze after epoch 3 (fp32 iteration; at this
     size rounding has not yet grown, as it does over longer runs: the stage check's nudged row)."""
-    from course_lib import experiments
-    from course_lib.data import CIFAR10DataModule
-    from course_lib.ondevice import Speedrun
+    from course_lib.data.data import CIFAR10DataModule
+    from course_lib.data.ondevice import Speedrun
+    from course_lib.training import experiments
     from scripts import fidelity_muon_stages as stages
     from scripts.ports import airbench_port
 

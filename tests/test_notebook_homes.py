@@ -1,6 +1,6 @@
 """The lessons go through the course's one homes (issue 45, item 7): no `torch.cuda.is_available()` (it initialises
 CUDA, after which a forked worker cannot use the GPU: hardware.gpu_count() asks without that), no private torch name
-(`torch._x`: course_lib.internals names each one with its reason), and no raw `time.perf_counter` (course_lib.timing:
+(`torch._x`: base.internals names each one with its reason), and no raw `time.perf_counter` (measure.timing:
 Stopwatch, time_calls, the callbacks) except in a cell that teaches timing by hand and says so with a comment holding
 TIMED_BY_HAND. The install cell is exempt: it runs before course_lib is importable. Read with ast, so comments and
 strings never count."""
@@ -102,6 +102,6 @@ def test_lessons_use_the_homes(path):
     found = lesson_bypasses(path) if path.suffix == ".ipynb" else solution_bypasses(path)
     extra = {key: n for key, n in counts(found).items() if n > ALLOWED.get(key, (0, ""))[0]}
     assert not extra, (
-        f"{path.name}: cells bypassing a home (hardware.gpu_count(), course_lib.internals, course_lib.timing; a cell "
+        f"{path.name}: cells bypassing a home (hardware.gpu_count(), base.internals, measure.timing; a cell "
         f"that teaches timing by hand says '{TIMED_BY_HAND}' in a comment), by count, beyond ALLOWED", extra,
         [(lesson, i, e) for lesson, i, e in found if (lesson, e) in extra])

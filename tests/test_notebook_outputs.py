@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from course_lib import verdict
+from course_lib.measure import verdict
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
@@ -53,10 +53,10 @@ def test_committed_outputs_carry_no_noise(path):
 
 # a figure a table should print in plain digits (7,770 images/s), not as 7.77e+03; 1e-8 rounding errors may stay
 E_NOTATION = re.compile(r"(?<![\w.])\d\.\d+e\+0[3-9]\b")
-# the words course_lib.verdict prints: every lesson that measures states at least one verdict from its run
+# the words course_lib.measure.verdict prints: every lesson that measures states at least one verdict from its run
 VERDICT = re.compile(r"x (faster|slower) than|no difference|no practical difference|"
                      r"pt (higher|lower) than|(meets|misses) the target|too few (rounds|runs) to judge")
-# a line course_lib.verdict's compare, difference or paired_accuracy printed: read at a glance, at most 120 characters
+# a line measure.verdict's compare, difference or paired_accuracy printed: read at a glance, at most 120 characters
 VERDICT_LINE = re.compile(r"\((sure: \d[\d,]* of \d|sure: outside ± )|: no (practical )?difference \(|"
                           r"too few (rounds|runs) to judge \(|no difference beyond the spread|\(\d\d % interval |"
                           r"\d\.\d\dx (faster|slower)\b|\bit was (faster|slower|not called)")  # ratios and verdicts
@@ -73,7 +73,7 @@ def test_committed_figures_are_plain_numbers(path):
 
 @pytest.mark.parametrize("path", MEASURED, ids=[p.stem for p in MEASURED])
 def test_committed_lessons_print_their_verdicts(path):
-    """Lessons 01-08 print at least one verdict in course_lib.verdict's words, from the run itself."""
+    """Lessons 01-08 print at least one verdict in course_lib.measure.verdict's words, from the run itself."""
     assert any(VERDICT.search(text) for _, text in output_texts(path)), f"{path.name}: no verdict line printed"
 
 
@@ -81,14 +81,14 @@ def test_committed_lessons_print_their_verdicts(path):
 def test_committed_verdict_lines_are_short(path):
     """Every verdict line fits in 120 characters (verdict.LONGEST): the test, interval and counts are in its .detail
     and verdict.FOOTNOTE, not in the line. (Outputs from before the short lines fail here until the lesson re-runs.)"""
-    from course_lib import verdict
+    from course_lib.measure import verdict
 
     long = [f"cell {i}: {len(line)} characters: {line[:160]!r}" for i, text in output_texts(path)
             for line in text.splitlines() if VERDICT_LINE.search(line) and len(line) > verdict.LONGEST]
     assert not long, "\n".join(long)
 
 
-# a row of course_lib.breakdown's table: | op | calls | measured (share) | bound (class) | efficiency |
+# a row of course_lib.benchmark.breakdown's table: | op | calls | measured (share) | bound (class) | efficiency |
 BREAKDOWN_ROW = re.compile(
     r"^\| ([\w.:]+) \| \d+ \| [^|]+ \| [^|]+\((compute|memory|overhead)\) \| ([\d,.]+)% \|$", re.M)
 
@@ -169,7 +169,7 @@ class Tiny(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 if sys.argv[1] == "quiet":
-    from course_lib import runs
+    from course_lib.training import runs
     runs.quiet_lightning()
 data = DataLoader(TensorDataset(torch.randn(8, 4), torch.zeros(8, dtype=torch.long)), batch_size=4)
 L.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -233,11 +233,11 @@ def test_committed_tables_never_label_a_faster_row_slower(path):
     assert not wrong, "\n".join(wrong)
 
 
-# a ceiling course_lib.ceilings flagged noisy, and the share of its roof an op reached (lesson 00's roofline cell)
+# a ceiling measure.ceilings flagged noisy, and the share of its roof an op reached (lesson 00's roofline cell)
 NOISY_CEILING = re.compile(r"^.*\bNOISY\b.*$", re.M)
 # (lesson 00's "% of the speed its roof allows", lesson 07's "% of the int8 roof")
 ROOF_SHARE = re.compile(r"([\d,.]+)\s*% of (?:the speed its roof allows|the \w+ roof)")
-#: the ceilings lesson 00 must show, one line each: the op classes the step models read (course_lib.opclasses)
+#: the ceilings lesson 00 must show, one line each: the op classes the step models read (course_lib.measure.opclasses)
 OP_CLASS_ROWS = ("matmul fp32", "conv fp32", "memory", "memory cache", "add reused", "add fresh", "copy fresh", "tanh",
                  "per op", "per call compiled")
 

@@ -10,7 +10,11 @@ from pathlib import Path
 import pytest
 
 import course_lib
-from course_lib import bench, cli, experiments, hardware, runs, scaling, speedrun, tta
+from course_lib.base import hardware
+from course_lib.benchmark import bench
+from course_lib.entry import cli
+from course_lib.parallel import scaling
+from course_lib.training import experiments, runs, speedrun, tta
 
 ROOT = Path(course_lib.__file__).parent
 #: Lightning's precision names, full and short, as string literals ("32", "16" and "bf16" alone name formats too

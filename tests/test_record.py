@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_lib import muon, speedrun, tta
+from course_lib.training import muon, speedrun, tta
 from scripts.ports import hiverge_port as port
 
 SHAPES = [(8, 24, 3, 3), (16, 8, 3, 3), (16, 16, 3, 3)]  # conv banks of a small AirNet, different sizes

@@ -6,8 +6,8 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from course_lib.data import CIFAR10_CLASSES, CIFAR10DataModule
-from course_lib.modules import ImageClassifierModule
+from course_lib.data.data import CIFAR10_CLASSES, CIFAR10DataModule
+from course_lib.training.modules import ImageClassifierModule
 
 
 class RecordingModule(ImageClassifierModule):

@@ -1,4 +1,4 @@
-"""course_lib.results: the one writer, file naming and reader of measured results, round trip by round trip."""
+"""course_lib.base.results: the one writer, file naming and reader of measured results, round trip by round trip."""
 from __future__ import annotations
 
 import importlib.machinery
@@ -9,8 +9,8 @@ import types
 import pytest
 import torch
 
-from course_lib import hardware, results
-from course_lib.errors import CourseError
+from course_lib.base import hardware, results
+from course_lib.base.errors import CourseError
 
 ROW = {"name": "x", "images_per_s": 123.5, "step_ms": 4.0, "batch_size": 8, "precision": "32-true"}
 

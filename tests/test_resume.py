@@ -15,9 +15,9 @@ import pytest
 import torch
 from cli_callbacks import RaiseAtStep
 
-from course_lib.cli import run_checkpoints
-from course_lib.data import CIFAR10DataModule
-from course_lib.modules import ImageClassifierModule
+from course_lib.data.data import CIFAR10DataModule
+from course_lib.entry.cli import run_checkpoints
+from course_lib.training.modules import ImageClassifierModule
 
 REPO = Path(__file__).resolve().parents[1]
 EPOCHS, BATCH = 3, 8  # the tiny folder's 48 training images: 6 steps per epoch, 18 in all

@@ -11,9 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_lib import ceilings, config, roofline
+from course_lib.base import config
 from course_lib.exercises import exercise_cells, notebooks_folder, solution, starter
 from course_lib.exercises import predict as ex00
+from course_lib.measure import ceilings, roofline
 
 F32 = 4  # bytes per fp32 element
 
@@ -286,7 +287,7 @@ def test_an_elementwise_floor_is_a_copy_of_its_bytes_with_its_allocation_and_a_f
     """reference times the least work that writes an op's bytes (a copy, or a fill where it reads fewer), into a new
     buffer where the op allocates one; a floored op pays no first-touch guess beside it; a fused kernel's floor is
     its costliest part compiled alone (tanh where it runs one)."""
-    from course_lib import opcount
+    from course_lib.measure import opcount
 
     calls = []
     monkeypatch.setattr(opcount, "_best", lambda fn: calls.append(fn) or 1e-3)
@@ -311,7 +312,7 @@ def test_floors_take_one_pass_without_retries_at_smoke_size_and_two_with_retries
                                                                                          tries):
     """make test's smoke runs time each op's floor once (issue 45: the lessons' floors took minutes of it); a full run
     times it in two passes, each retried while its blocks spread past NOISY (injected times, all noisy: 10x)."""
-    from course_lib import opcount, timing
+    from course_lib.measure import opcount, timing
 
     calls = []
     monkeypatch.setattr(timing, "time_calls", lambda fn, **kw: calls.append(fn) or [1e-3, 1e-2, 1e-2, 1e-2])
@@ -326,7 +327,7 @@ def test_the_reference_copies_replay_in_the_steps_order_with_its_lifetimes():
     """replay allocates each large output when the step did and frees it when the step freed its own; it times the
     elementwise ops' copies into new outputs only (a kernel-bound op's is untimed; an in-place op keeps its loop
     reference)."""
-    from course_lib import opcount
+    from course_lib.measure import opcount
 
     chain = [(0, 2**16, True, True, True), (1, 2**16, True, True, False), (2, 2**16, False, False, False)]
     best = opcount.replay(chain, {0: 2})  # op 0's output freed before op 2
@@ -339,7 +340,7 @@ def test_the_reference_copies_replay_in_the_steps_order_with_its_lifetimes():
 def test_data_movement_kernels_are_timed_alone_at_their_shapes():
     """Gathers, pads and mirrors (lessons 03 and 08's batch augmentation) are replayed alone at their shapes for their
     floor with floors=True, as products and pooling are; a uint8 to float conversion keeps its reference copy."""
-    from course_lib.opcount import kernel_bound
+    from course_lib.measure.opcount import kernel_bound
 
     assert all(kernel_bound(n, False) for n in ("gather", "index", "constant_pad_nd", "reflection_pad2d", "flip"))
     assert not any(kernel_bound(n, False) for n in ("add", "_to_copy", "where", "div_"))

@@ -1,10 +1,11 @@
-"""`python -m course_lib.runner` writes build/summary.md without terminal codes, and a run of some lessons updates
+"""`python -m course_lib.entry.runner` writes build/summary.md without terminal codes, and a run of some lessons updates
 their rows while keeping the others' (marked as earlier)."""
 from __future__ import annotations
 
 import pytest
 
-from course_lib import config, runner
+from course_lib.base import config
+from course_lib.entry import runner
 
 
 @pytest.fixture

@@ -42,16 +42,19 @@ def test_gpu_scripts_run_from_a_checkout_without_install(tmp_path):
     assert res.stdout.count("usage:") == len(SCRIPTS)
 
 
+#: the packages whose names are modules: course_lib's layers (from course_lib.base import config, hardware)
+LAYER_PACKAGES = {f"course_lib.{p.name}" for p in (Path(__file__).parents[1] / "course_lib").iterdir()
+                  if (p / "__init__.py").is_file() and p.name != "exercises"}
 ALL_SCRIPTS = [p for p in sorted((Path(__file__).parents[1] / "scripts").glob("*.py"))  # the helpers they import too
-               if "from course_lib import" in p.read_text()]
+               if "from course_lib." in p.read_text()]
 
 
 @pytest.mark.parametrize("path", ALL_SCRIPTS, ids=[p.stem for p in ALL_SCRIPTS])
 def test_gpu_script_uses_only_existing_course_lib_names(path):
     """Every `module.name` the script uses on a course_lib module exists (a rename would otherwise surface on a GPU)."""
     tree = ast.parse(path.read_text())
-    modules = {a.asname or a.name: importlib.import_module(f"course_lib.{a.name}")
-               for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module == "course_lib"
+    modules = {a.asname or a.name: importlib.import_module(f"{node.module}.{a.name}")
+               for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module in LAYER_PACKAGES
                for a in node.names}
     used = {(n.value.id, n.attr) for n in ast.walk(tree)
             if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in modules}
@@ -62,10 +65,10 @@ def test_gpu_script_uses_only_existing_course_lib_names(path):
 
 def test_child_env_lets_a_child_process_import_course_lib_without_install(tmp_path):
     """config.child_env() puts this checkout on PYTHONPATH: a child in another folder imports course_lib from it."""
-    from course_lib import config
+    from course_lib.base import config
 
     code = ("import sys; sys.meta_path = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]; "
-            "import course_lib.config as c; print(c.__file__)")
+            "import course_lib.base.config as c; print(c.__file__)")
     hidden = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                             env={k: v for k, v in config.child_env().items() if k != "PYTHONPATH"})
     assert hidden.returncode != 0  # the check is live: without PYTHONPATH the hidden install is not found
@@ -78,7 +81,7 @@ def test_child_env_lets_a_child_process_import_course_lib_without_install(tmp_pa
 def test_gpu_reports_go_under_the_repository_from_any_folder(tmp_path, monkeypatch):
     """Run from another folder, a GPU script's report is still the repository's docs/results/<gpu><suffix>.md (a
     relative docs/results would land in the current folder); a dry run's goes to build/, out of docs/."""
-    from course_lib import config, results
+    from course_lib.base import config, results
 
     monkeypatch.chdir(tmp_path)
     assert results.report_path("gpu_check", "NVIDIA H200") == REPO / "docs" / "results" / "NVIDIA_H200.md"
@@ -104,7 +107,7 @@ def test_make_subset_from_a_tensor_file_names_the_remedy(tmp_path, monkeypatch):
 def test_gpu_check_runs_the_step_model_against_its_ceilings(monkeypatch):
     """gpu_check's step-model section on a CPU (the code path a GPU runs, device cpu, injected ceilings and times):
     one explain line per native format among fp32, bf16 and fp16, each naming the prediction and the measured time."""
-    from course_lib import ceilings, opcount, timing
+    from course_lib.measure import ceilings, opcount, timing
 
     monkeypatch.setattr(timing, "time_calls", lambda fn, **kw: [1e-3] * 4)  # no clock: every call 1 ms
     monkeypatch.setattr(opcount, "_floors", {})

@@ -7,11 +7,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from course_lib import bench, scaling, timing, verdict
-from course_lib.data import CIFAR10DataModule
-from course_lib.errors import CourseError
-from course_lib.modules import ImageClassifierModule
-from course_lib.ondevice import OnDevice
+from course_lib.base.errors import CourseError
+from course_lib.benchmark import bench
+from course_lib.data.data import CIFAR10DataModule
+from course_lib.data.ondevice import OnDevice
+from course_lib.measure import timing, verdict
+from course_lib.parallel import scaling
+from course_lib.training.modules import ImageClassifierModule
 
 
 @pytest.fixture
@@ -327,7 +329,7 @@ def test_latency_ms_is_milliseconds_of_one_forward_pass():
     """compress.latency_ms times forward passes on a (batch, 3, 32, 32) input; a 2 ms pass reads >= 2 ms."""
     import time
 
-    from course_lib import compress
+    from course_lib.compression import compress
 
     shapes = []
 

@@ -7,11 +7,12 @@ import torch
 import yaml
 from lightning.pytorch.cli import LightningCLI
 
-from course_lib import experiments, optim, speedrun, timing
-from course_lib.data import CIFAR10_MEAN, CIFAR10_STD, CIFAR10DataModule, to_float
-from course_lib.models import WIDTHS, AirNet, count_parameters
-from course_lib.ondevice import AlternatingFlipTranslate, DeviceBatches, Speedrun
-from course_lib.speedrun import Recipe, SpeedrunModule
+from course_lib.data.data import CIFAR10_MEAN, CIFAR10_STD, CIFAR10DataModule, to_float
+from course_lib.data.ondevice import AlternatingFlipTranslate, DeviceBatches, Speedrun
+from course_lib.measure import timing
+from course_lib.training import experiments, optim, speedrun
+from course_lib.training.models import WIDTHS, AirNet, count_parameters
+from course_lib.training.speedrun import Recipe, SpeedrunModule
 
 SMALL = (8, 16, 16)  # a narrow AirNet: the same code path, a fraction of the compute
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from course_lib.data import Split, carve_splits
+from course_lib.data.data import Split, carve_splits
 
 
 def weighted(index: torch.Tensor) -> int:
@@ -48,7 +48,7 @@ SUBSET_PINS = [
 @pytest.mark.parametrize("kind, kw, pins", SUBSET_PINS)
 def test_datamodule_splits_and_subsets_are_the_pinned_images(tiny_folder, tmp_path, kind, kw, pins):
     """The DataModule's train/val/test images (their places in the folder), subsets included, for a seed."""
-    from course_lib import runs
+    from course_lib.training import runs
 
     sizes = {"subset": None, "eval_subset": None}  # not the run size's subsets: only those the pins name
     dm = runs.datamodule(kind=kind, image_folder=str(tiny_folder), data_dir=str(tmp_path / "data"), **{**sizes, **kw})

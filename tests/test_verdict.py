@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from course_lib import significance, verdict
+from course_lib.measure import significance, verdict
 
 FAST = [170, 180, 175, 172, 178, 176]  # six interleaved rounds of images/s
 SLOW = [100, 105, 102, 101, 104, 103]
@@ -139,7 +139,8 @@ def test_number_is_plain():
 def test_times_rates_and_counts_read_in_human_units():
     """Times in ns, µs, ms or s and FLOP rates in MFLOP/s, GFLOP/s or TFLOP/s, never e-notation; '1 op'; a bench
     table's data_wait as a percentage, as the lessons write it."""
-    from course_lib import bench, roofline, timing
+    from course_lib.benchmark import bench
+    from course_lib.measure import roofline, timing
 
     assert [timing.duration(s) for s in (1.14e-08, 4.27e-4, 0.0306, 8.03)] == ["11.4 ns", "427 µs", "30.6 ms", "8.03 s"]
     assert timing.flop_rate(7.02e10) == "70.2 GFLOP/s" and timing.flop_rate(1.35e12) == "1.35 TFLOP/s"

@@ -2,7 +2,7 @@
 distribution on both sides) call a difference in at most 5 % of 4,000 trials, a 1.3x effect with 8 % noise per
 measurement is called in at least 80 %, and every string the verdicts print gives its ratio as k >= 1.
 
-Each A/A rate is also held against the rule's exact rate (course_lib.significance): the exact rate is <= 5 % by
+Each A/A rate is also held against the rule's exact rate (course_lib.measure.significance): the exact rate is <= 5 % by
 construction, and the simulated one must not exceed it by more than four binomial standard errors, so a rule whose
 real rate drifted above its stated one would fail here."""
 from __future__ import annotations
@@ -13,7 +13,8 @@ import re
 import numpy as np
 import pytest
 
-from course_lib import config, significance, verdict
+from course_lib.base import config
+from course_lib.measure import significance, verdict
 
 TRIALS = 4_000
 NOISE = 0.08  # log-normal noise of one measurement: 8 %

@@ -1,10 +1,11 @@
 """Lesson 06's measured exercise: fewer and larger all-reduces. The learner's average_gradients against one
-all-reduce per parameter tensor, in spawned gloo processes (course_lib.parallel), graded as core.py grades."""
+all-reduce per parameter tensor, in spawned gloo processes (course_lib.parallel.parallel), graded as core.py grades."""
 from __future__ import annotations
 
 from typing import Callable
 
-from .. import config, ddpmodel, parallel
+from ..base import config
+from ..parallel import ddpmodel, parallel
 from .core import MODEL_FACTOR, Grading, grade_prediction
 
 EX06_BATCH = 16  # per process, per step

@@ -7,7 +7,7 @@ import re
 import runpy
 from pathlib import Path
 
-from .. import config
+from ..base import config
 
 MARK = re.compile(r"^# (EXERCISE|CHECK) (\d+)\b")  # the first line of an exercise's starter and check cells
 

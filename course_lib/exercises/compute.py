@@ -12,7 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import bench, hardware, models, timing
+from ..base import hardware
+from ..benchmark import bench
+from ..measure import timing
+from ..training import models
 from .core import Grading, grade_prediction, prediction_tolerance
 
 # ---- lesson 04: fewer bytes saved for backward, the same gradients -----------------------------------------------
@@ -98,7 +101,7 @@ def check_04_activation_memory(train_step: Callable, predict_time_ratio: Callabl
     _04_report(base, mine, batch=batch, err=err, passed=passed)
     if not (passed and err <= EX04_MAX_GRAD_ERROR):
         return False
-    from .. import ceilings
+    from ..measure import ceilings
 
     ceil = ceil or ceilings.load(device, verbose=False)
     plain_s, mine_s = times or (base.seconds, mine.seconds)
@@ -177,7 +180,7 @@ def check_05_fusion(fn: Callable, predict_speedup: Callable | None = None, *, ta
 
     fast = grading.ratio_check("Exercise 1 (fusion)", lambda: cost(compiled), lambda: cost(eager_chain), target,
                                repeats=3, what="time", hardware=hardware.label())
-    from .. import ceilings
+    from ..measure import ceilings
 
     ceil = ceil or ceilings.load(x.device.type, verbose=False)
     predicted = predict_speedup(ceil, x) if predict_speedup else None

@@ -17,7 +17,7 @@ from typing import Callable
 
 from torch.overrides import TorchFunctionMode
 
-from .. import verdict
+from ..measure import verdict
 
 
 @dataclass

@@ -11,10 +11,14 @@ import torch
 import torch.nn.functional as F
 import torchvision.io
 
-from .. import bench, ceilings, config, data, hardware, ondevice, runs, sources, timing
-from ..jpeg import JpegDataModule
-from ..models import LeNet
-from ..modules import ImageClassifierModule
+from ..base import config, hardware
+from ..benchmark import bench
+from ..data import data, ondevice, sources
+from ..data.jpeg import JpegDataModule
+from ..measure import ceilings, timing
+from ..training import runs
+from ..training.models import LeNet
+from ..training.modules import ImageClassifierModule
 from .core import Grading, forbidden, grade_prediction, prediction_tolerance, torch_calls
 
 #: the ceilings a prediction of batch work (gather, pad, crop, mirror, uint8 to float) rests on: the bytes, in cache

@@ -9,9 +9,12 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .. import ceilings, compress, hardware, runs
-from ..models import ResNet9
-from ..timing import time_calls
+from ..base import hardware
+from ..compression import compress
+from ..measure import ceilings
+from ..measure.timing import time_calls
+from ..training import runs
+from ..training.models import ResNet9
 from .core import Grading, forbidden, grade_prediction, prediction_tolerance
 
 #: lesson 07's bar over compiled fp32: where the CPU has one-instruction int8 dot products (VNNI, AMX) int8 must win

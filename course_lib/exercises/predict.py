@@ -8,8 +8,8 @@ from typing import Callable
 
 import torch
 
-from .. import ceilings, timing, verdict
-from ..roofline import bound, count, ops
+from ..measure import ceilings, timing, verdict
+from ..measure.roofline import bound, count, ops
 from .core import prediction_tolerance
 
 #: the ceilings the exercise rests on: its products (matmul or convolution, the faster), the add into a new output,

@@ -14,8 +14,10 @@ import torch.nn.functional as F
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
-from .. import ceilings, config, hardware, loops, runs, timing
-from ..models import LeNet
+from ..base import config, hardware
+from ..measure import ceilings, timing
+from ..training import loops, runs
+from ..training.models import LeNet
 from .core import Grading, forbidden, grade_prediction, prediction_tolerance
 
 # --- lesson 01: batch a classifier that runs one image at a time ---------------------------------------------------
@@ -70,7 +72,7 @@ def check_01_batching(classify: Callable, predict_speedup: Callable | None = Non
     ok = mechanism_01(classify, net, images, grading=grading)
     if not (ok and measure):
         return ok
-    from .. import ceilings
+    from ..measure import ceilings
 
     ceil = ceil or ceilings.load("cpu", verbose=False)
     timer = timer or (lambda fn: _seconds(fn))

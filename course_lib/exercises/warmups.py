@@ -8,7 +8,8 @@ import statistics
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from .. import runs, timing
+from ..measure import timing
+from ..training import runs
 
 
 def check(name: str, answer, expected, rel_tol: float = 0.05) -> bool | None:

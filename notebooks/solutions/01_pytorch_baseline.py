@@ -4,8 +4,8 @@ per image in a batch (roofline.step_model: each op at the ceiling of its class, 
 layer's Python call counted as one more op's fixed cost (section 3's breakdown: Python between ops)."""
 import torch
 
-from course_lib import roofline
-from course_lib.models import LeNet
+from course_lib.measure import roofline
+from course_lib.training.models import LeNet
 
 BATCH = 256  # images per forward: enough that the fixed cost per op is a small share of each image's time
 

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
-from course_lib import roofline
-from course_lib.models import LeNet
+from course_lib.measure import roofline
+from course_lib.training.models import LeNet
 
 
 class StopOnNonFinite(L.Callback):

@@ -8,9 +8,11 @@ at their shapes, which compute an address per element). No JPEG is decoded then,
 import lightning as L
 import torch
 
-from course_lib import hardware, jpeg, roofline
-from course_lib.data import augment_batch, to_float
-from course_lib.sources import decode_image
+from course_lib.base import hardware
+from course_lib.data import jpeg
+from course_lib.data.data import augment_batch, to_float
+from course_lib.data.sources import decode_image
+from course_lib.measure import roofline
 
 
 class DecodedOnce(L.LightningDataModule):

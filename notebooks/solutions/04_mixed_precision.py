@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint_sequential
 
-from course_lib import models, roofline
+from course_lib.measure import roofline
+from course_lib.training import models
 
 SEGMENTS = 2  # fewer, longer segments than section 5's one per block: fewer inputs kept
 

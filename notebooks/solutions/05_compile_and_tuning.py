@@ -21,7 +21,7 @@ def predict_speedup(ceil, x):
     """Predicted eager time over compiled time, from the ceilings: every eager op reads and writes full-size tensors
     (roofline.count); the fused graph (roofline.fused) reads x once per reduction, since each must finish before its
     result is used (the mean, the variance, the peak), once more to write y, each against its bound."""
-    from course_lib import roofline
+    from course_lib.measure import roofline
     from course_lib.exercises.compute import eager_chain
 
     eager = roofline.count(eager_chain, x)

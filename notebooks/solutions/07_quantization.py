@@ -4,7 +4,8 @@ the check compiles the result to oneDNN int8 kernels."""
 import torch
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-from course_lib import compress, roofline
+from course_lib.compression import compress
+from course_lib.measure import roofline
 
 
 def quantize(model, calibration):

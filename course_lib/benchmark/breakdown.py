@@ -1,0 +1,169 @@
+"""Where a step's time goes: the step run under torch.profiler (CPU activities, shapes recorded), its time grouped by
+the aten ops the performance model counts (measure.roofline), each op's measured time beside its bound from the
+ceilings of its class and its efficiency, and the rest named: the autograd engine, the optimiser's Python, the
+loader, aten's wrappers and views, and Python between ops. Reconciled with the step time measured outside the
+profiler (course_lib.measure.timing), whose difference is the profiler's own overhead; one printed sentence names the
+largest gap between measured and modelled time and its cause."""
+from __future__ import annotations
+
+import builtins
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Callable
+
+from torch.profiler import ProfilerActivity, profile
+
+from ..base import config
+from ..measure import ceilings, roofline, timing
+from . import bench
+
+# named overhead: a profiler event whose name starts with one of these, and what ran inside it that the model does
+# not count, goes to that row (searched innermost first: an op the model counts inside it stays the op's)
+OVERHEAD = (("loader", "enumerate(DataLoader)"), ("optimiser (Python)", "Optimizer."),
+            ("autograd engine", "autograd::engine"), ("aten wrappers and views", "aten::"))
+PYTHON = "Python between ops"  # the step's time outside every recorded event: the interpreter, module calls
+CAUSES = {  # why a row takes longer than the model allows, as the sentence says it
+    "compute": "the step runs it slower than it ran alone",
+    "memory": "its kernel, not its bytes, sets its time",
+    "overhead": "its fixed cost per call is above the per-op cost",
+    "loader": "each batch is fetched and collated in Python",
+    "optimiser (Python)": "the optimiser loops over the parameters in Python",
+    "autograd engine": "backward's bookkeeping per op, not in the per-op cost",
+    "aten wrappers and views": "wrapper ops and views, counted as free",
+    PYTHON: "interpreter time, not in the per-op cost"}
+MIN_PROFILED_S = 0.3  # seconds of profiled steps: enough steps that one slow step does not decide a row
+SENTENCE_CHARS = 120
+
+
+@dataclass
+class Breakdown:
+    """One step's time, op by op (seconds per step) against the model, reconciled with the step timed outside."""
+
+    ops: dict[str, dict]  # aten op -> {"calls", "measured", "bound", "kind"} per step
+    overhead: dict[str, float]  # named overhead -> seconds per step (profiled)
+    measured: list[float]  # seconds per step outside the profiler, one per timed block or run
+    profiled: float  # seconds per step under the profiler
+    predicted: float  # the step model's seconds (roofline.step_model: the ops' bounds summed)
+    hardware: str
+    counts: roofline.Counts | None = None  # the step's ops as the model counts them
+    fmt: str = "fp32"
+    rate: float | None = None  # the products' measured rate where `fmt` is emulated (roofline.explain)
+    steps: int = 0  # steps profiled
+    rows: list[dict] = field(default_factory=list)  # every row, largest measured first (rows())
+
+    step = property(lambda self: statistics.median(self.measured), doc="The step measured outside the profiler.")
+    overhead_s = property(lambda self: self.profiled - self.step, doc="The profiler's own cost per step.")
+    recorded = property(lambda self: 1 - self.overhead.get(PYTHON, 0.0) / self.profiled,
+                        doc="Share of the profiled step inside events the profiler recorded (ops, named overhead).")
+
+
+def _category(event, counted: set[str]) -> str:
+    """The row an event's own time goes to: the outermost op the model counts around it (or itself), else the
+    innermost named overhead around it."""
+    chain, e = [], event
+    while e is not None:
+        chain.append(e.name)
+        e = e.cpu_parent
+    ops = [n for n in chain if n.startswith("aten::") and n[6:] in counted]
+    if ops:
+        return ops[-1][6:]  # outermost: what ran inside an op is that op's time
+    return next((row for name in chain for row, prefix in OVERHEAD if name.startswith(prefix)), PYTHON)
+
+
+def measure(step: Callable[[], object], ceil: ceilings.Ceilings, *, fmt: str = "fp32", rate: float | None = None,
+            measured: list[float] | None = None, steps: int | None = None) -> Breakdown:
+    """Break `step` down: count its ops once warm (roofline.count), time it outside the profiler (timing.time_calls,
+    unless `measured` gives seconds per step), then profile `steps` steps (enough for MIN_PROFILED_S by default)."""
+    step()  # warm: the optimiser's state exists, the first-call allocations are done
+    counts = roofline.count(step, floors=True)  # products, convolutions, pooling: their floors at these shapes
+    measured = measured or timing.time_calls(step, min_run_time=0.2 if config.run_size().name == "smoke" else 1.0)
+    steps = steps or max(3, round(MIN_PROFILED_S / statistics.median(measured)))
+    model = defaultdict(lambda: {"calls": 0, "bound": 0.0, "work": defaultdict(float)})
+    for op in counts.ops:
+        b, row = roofline.op_bound(op, ceil, fmt, rate), model[op.name]
+        kind = "compute" if b.seconds["compute"] >= b.seconds["memory"] else "memory"
+        row["calls"] += 1
+        row["bound"] += max(b.seconds["compute"], b.seconds["memory"]) + b.seconds["overhead"]
+        row["work"][kind] += max(b.seconds["compute"], b.seconds["memory"])
+        row["work"]["overhead"] += b.seconds["overhead"]
+    watch = timing.Stopwatch(ceil.device)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof, watch:
+        for _ in range(steps):
+            step()
+    spent = defaultdict(float)  # row -> self seconds over all profiled steps
+    for event in prof.events():
+        spent[_category(event, set(model))] += event.self_cpu_time_total / 1e6
+    profiled = watch.seconds / steps
+    ops = {name: {"calls": row["calls"], "measured": spent.pop(name, 0.0) / steps, "bound": row["bound"],
+                  "kind": max(row["work"], key=row["work"].get)} for name, row in model.items()}
+    overhead = {name: s / steps for name, s in spent.items() if name != PYTHON}
+    overhead[PYTHON] = max(0.0, profiled - sum(r["measured"] for r in ops.values()) - sum(overhead.values()))
+    predicted = roofline.step_model(counts, ceil, fmt, rate)["predicted"]
+    return rows(Breakdown(ops, overhead, list(measured), profiled, predicted, ceil.hardware, counts, fmt, rate, steps))
+
+
+def rows(bd: Breakdown) -> Breakdown:
+    """Fill bd.rows: ops and named overhead, each with its measured and modelled seconds per step, largest first."""
+    found = [{"name": n, **r, "gap": r["measured"] - r["bound"]} for n, r in bd.ops.items()]
+    found += [{"name": n, "calls": None, "measured": s, "bound": 0.0, "kind": "not modelled", "gap": s}
+              for n, s in bd.overhead.items() if s > 0]
+    bd.rows = sorted(found, key=lambda r: -r["measured"])
+    return bd
+
+
+def table(bd: Breakdown, top: int = 5) -> str:
+    """The `top` rows by measured time as a markdown table (ms per step, share of the profiled step, the model's
+    bound and efficiency), and under it the reconciliation with the step timed outside the profiler."""
+    lines = ["| op or overhead | calls | measured (share) | bound (class) | efficiency |", "|---|---|---|---|---|"]
+    for r in bd.rows[:top]:
+        eff = f"{r['bound'] / r['measured']:.0%}" if r["bound"] and r["measured"] else "–"
+        bound = f"{timing.duration(r['bound'])} ({r['kind']})" if r["calls"] else "not in the model"
+        lines.append(f"| {r['name']} | {r['calls'] or '–'} | {timing.duration(r['measured'])} "
+                     f"({r['measured'] / bd.profiled:.0%}) | {bound} | {eff} |")
+    return "\n".join(lines) + "\n\n" + reconcile(bd) + f"\n\nHardware: {bd.hardware}; size {config.run_size().name}"
+
+
+def reconcile(bd: Breakdown) -> str:
+    """The profiled step against the step timed outside the profiler: the profiler's own overhead, and the shares
+    recorded in the ops the model counts, in named overhead, and between recorded events."""
+    named = sum(r["measured"] for r in bd.ops.values()) / bd.profiled
+    spread = (f"{timing.duration(min(bd.measured))}-{timing.duration(max(bd.measured))}, {len(bd.measured)} runs"
+              if len(bd.measured) > 1 else "one run")
+    own = (f"so the profiler's own overhead is {timing.duration(bd.overhead_s)} ({bd.overhead_s / bd.step:.0%})"
+           if bd.overhead_s >= 0 else "faster than timed outside it: the machine was busier while timing")
+    return (f"Per step: {timing.duration(bd.step)} timed outside the profiler (median; {spread}), "
+            f"{timing.duration(bd.profiled)} under it ({bd.steps} steps), {own}. Of the profiled step, "
+            f"{named:.0%} ran in the {len(bd.ops)} kinds of op the model counts, {bd.recorded - named:.0%} in named "
+            f"overhead the profiler recorded and {1 - bd.recorded:.0%} between recorded events ({PYTHON.lower()}); "
+            f"the model predicts {timing.duration(bd.predicted)}.")
+
+
+def sentence(bd: Breakdown) -> str:
+    """One whole line (<= SENTENCE_CHARS): the row with the largest gap between measured and modelled time, its
+    efficiency and why; the longest of these that fits, dropping the efficiency, then the cause (never a cut word)."""
+    r = max(bd.rows, key=lambda r: r["gap"])
+    why = CAUSES.get(r["name"]) or CAUSES[r["kind"]]
+    head = f"Largest gap: {r['name']}, {timing.duration(r['gap'])} a step over the model"
+    eff = f", at {r['bound'] / r['measured']:.0%} of its bound" if r["calls"] and r["measured"] else ""
+    fits = [line for line in (f"{head}{eff}: {why}", f"{head}: {why}", f"{head}{eff}") if len(line) <= SENTENCE_CHARS]
+    return fits[0] if fits else head
+
+
+def show(bd: Breakdown, top: int = 5) -> None:
+    """The top rows as a rendered table (bench.Table), then the sentence."""
+    (getattr(builtins, "display", None) or print)(bench.Table(table(bd, top)))
+    print(sentence(bd))
+
+
+def explain(bd: Breakdown, name: str, ceil: ceilings.Ceilings) -> str:
+    """roofline.explain's line for the step broken down: its counts, against the step timed outside the profiler."""
+    return roofline.explain(name, bd.counts, ceil, bd.measured, bd.fmt, bd.rate)
+
+
+def report(step: Callable[[], object], ceil: ceilings.Ceilings, name: str, **kwargs) -> Breakdown:
+    """measure(step, ceil, **kwargs), printed: the model's line (explain), its top 5 rows and the sentence."""
+    bd = measure(step, ceil, **kwargs)
+    print(explain(bd, name, ceil))
+    show(bd)
+    return bd

@@ -1,0 +1,1 @@
+"""Lesson 07: int8 quantization, QAT and pruning. Imports the layers below."""

@@ -1,0 +1,2 @@
+"""Data: the decoded-image cache, image sources, resumable sampling, the DataModules. Imports only
+course_lib.base."""

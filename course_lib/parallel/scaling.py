@@ -1,0 +1,85 @@
+"""Lesson 06's throughput on N devices through bench.bench: a rank-0 bench callback, in-process launches
+(ddp_notebook), the script path `python -m course_lib.parallel.scaling --devices N --out row.json` (strategy ddp, fresh
+processes)."""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from lightning.fabric.accelerators.cuda import num_cuda_devices
+
+from ..base import config, hardware, results
+from ..benchmark import bench
+from ..measure.timing import BenchCallback
+from ..training import runs
+from ..training.modules import ImageClassifierModule
+
+
+class DDPBenchCallback(BenchCallback):
+    """BenchCallback whose rank 0 writes the all-process row to a JSON file, which summary reads back in the process
+    that launched the fit (forked workers return no objects); None where rank 0 wrote none (other ranks)."""
+
+    def __init__(self, warmup: int, steps: int, out: str | Path):
+        super().__init__(warmup, steps)
+        self.out = Path(out)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if trainer.is_global_zero:  # BenchCallback's figures already count every process (rate x world)
+            results.write_json(self.out, super().summary(pl_module.device))
+
+    def summary(self, device: torch.device) -> dict | None:
+        """The row rank 0 wrote, or None."""
+        return results.read_json(self.out)
+
+
+def measure(make, *, devices: int, accelerator: str = "cpu", strategy: str = "auto", warmup: int = 3,
+            steps: int = 10, precision: str = hardware.BASELINE, name: str | None = None) -> dict | None:
+    """Train `make()` -> (module, datamodule) on `devices` processes with bench.bench; the result row on rank 0,
+    None elsewhere."""
+    module, dm = make()
+    with tempfile.TemporaryDirectory() as tmp:
+        return bench.bench(module, dm, name or f"{devices} x {accelerator}", steps=steps, warmup=warmup,
+                           precision=precision, accelerator=accelerator, devices=devices, strategy=strategy,
+                           callback=DDPBenchCallback(warmup, steps, Path(tmp) / "row.json"))
+
+
+def measure_script(devices: int, out: str | Path, timeout: float = 900, **opts) -> dict:
+    """`measure` through the script path: `python -m course_lib.parallel.scaling` (strategy ddp), in fresh processes."""
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in opts.items() if v is not None and v is not False]
+    cmd = [sys.executable, "-m", "course_lib.parallel.scaling", f"--devices={devices}", f"--out={out}", *flags]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=config.child_env())
+    if res.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}")
+    row = results.read_json(out)
+    if row is None:
+        raise RuntimeError(f"{' '.join(cmd)} exited cleanly but wrote no row to {out} (rank 0 writes it).")
+    return row
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="DDP training throughput on N devices; rank 0 writes the row to --out.")
+    for flag, kind, default in [("devices", int, 1), ("accelerator", str, "gpu" if num_cuda_devices() else "cpu"),
+                                ("model", str, "resnet9"), ("batch", int, 64), ("precision", str, hardware.BASELINE),
+                                ("warmup", int, 3), ("steps", int, 10), ("workers", int, 0), ("data", str, None),
+                                ("lesson", str, None), ("threads", int, None)]:
+        p.add_argument(f"--{flag}", type=kind, default=default)
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    hardware.check_devices(a.accelerator, a.devices)
+    if a.threads:  # one process's threads (with several, Lightning gives each CPU process cores / processes)
+        torch.set_num_threads(a.threads)
+    make = lambda: (ImageClassifierModule(a.model), runs.datamodule(  # noqa: E731  (per-process batch size)
+        a.lesson, image_folder=config.data_source(a.data), batch_size=a.batch,
+        num_workers=a.workers, persistent_workers=a.workers > 0, pin_memory=a.accelerator != "cpu"))
+    row = measure(make, devices=a.devices, accelerator=a.accelerator, strategy="ddp" if a.devices > 1 else "auto",
+                  warmup=a.warmup, steps=a.steps, precision=a.precision)
+    if row:
+        results.write_json(a.out, row)
+
+
+if __name__ == "__main__":
+    main()
