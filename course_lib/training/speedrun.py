@@ -10,8 +10,7 @@ import torch
 from torch import nn
 
 from ..base import hardware
-from ..data.data import to_float
-from ..data.ondevice import DeviceBatches
+from ..data import data, ondevice
 from ..measure.timing import DeviceTimer
 from . import runs
 from .metrics import mean_loss, top1_accuracy
@@ -125,7 +124,7 @@ def recipe_net(recipe: Recipe) -> AirNet:
 def whiten_from(net: AirNet, images: torch.Tensor, recipe: Recipe = Recipe()) -> None:
     """Set net's whitening filters from the first recipe.whiten_images uint8 training images (N, 3, 32, 32), in its
     whiten_order; the bias zero (airbench94), or kept (whiten_bias 'uniform': airbench94_muon sets the filters only)."""
-    bias, x = net.whiten.bias.detach().clone(), to_float(images[:recipe.whiten_images])  # x: (n, 3, 32, 32) normalised
+    bias, x = net.whiten.bias.detach().clone(), data.to_float(images[:recipe.whiten_images])  # (n, 3, 32, 32), normed
     init_whitening(net, x, len(x), largest_first=recipe.whiten_order == "largest")
     if recipe.whiten_bias == "uniform":
         net.whiten.bias.copy_(bias)
@@ -244,7 +243,7 @@ class Twin:
         self.net = net.to(memory_format=torch.channels_last) if recipe.channels_last else net
         self.forward = torch.compile(self.net) if recipe.compile else self.net  # shares .net's parameters
 
-    def fit(self, batches: DeviceBatches, epochs: float, precision: str | None = None) -> dict:
+    def fit(self, batches: ondevice.DeviceBatches, epochs: float, precision: str | None = None) -> dict:
         """Train on the batches: whitens from their images (unless .net is whitened already); fractional epochs stop
         after total_steps(epochs, len(batches)) steps. Returns per-step losses (tensor), per-epoch seconds, the net."""
         precision, r = hardware.choose_precision(precision), self.recipe  # the policy: the module's Trainer picks alike
