@@ -209,7 +209,9 @@ def _tensors(items: list) -> list[torch.Tensor]:
 def count(fn: Callable, *args, floors: bool = False, **kwargs) -> Counts:
     """Run fn(*args, **kwargs) once (any device, meta too) and count its ops, FLOPs and bytes; with `floors`, each
     product's, convolution's and pooling op's floor at its shapes (floor) and every other op's reference copy of its
-    bytes (reference), timed after the call, outside the counters."""
+    bytes (reference), timed after the call, outside the counters. An elementwise op's floor is the faster of its
+    reference copy alone and in the step's order: the slower of the two held lesson 05's eager GELU ops above their
+    roof (the allocator's state after the replay is not the step's), so only the faster is a lower bound."""
     with FlopCounterMode(display=False) as flop_counter, _OpRecorder(floors) as recorder:
         fn(*args, **kwargs)
     ops = recorder.ops
@@ -217,8 +219,8 @@ def count(fn: Callable, *args, floors: bool = False, **kwargs) -> Counts:
         for again in range(_passes()):  # passes apart in time: a burst from another process spoils only one
             for i, timer in recorder.calls.items():
                 ops[i] = dataclasses.replace(ops[i], floor=timer(bool(again)))
-            for i, seconds in replay(recorder.chain, recorder.died).items():  # the same copies in the step's order
-                ops[i] = dataclasses.replace(ops[i], floor=max(ops[i].floor, seconds))
+            for i, seconds in replay(recorder.chain, recorder.died).items():  # the same copies in the step's order:
+                ops[i] = dataclasses.replace(ops[i], floor=min(ops[i].floor, seconds))  # the faster is the floor
     return Counts(ops, flop_counter.get_total_flops())
 
 
