@@ -254,8 +254,9 @@ def test_committed_outputs_show_no_noisy_ceiling_and_no_op_above_its_roof(path):
 
 
 def test_lesson_00_commits_every_op_class_ceiling():
-    """Lesson 00's committed ceilings name every op class the step models read, each with its spread (blocks)."""
+    """Lesson 00's committed ceilings table names every op class the step models read, each with its spread (blocks)."""
     path = next(p for p in NOTEBOOKS if p.stem == "00_setup")
     text = "\n".join(t for _, t in output_texts(path))
-    missing = [name for name in OP_CLASS_ROWS if not re.search(rf"^  {re.escape(name)}: .*blocks", text, re.M)]
+    row = r"^\| {} \| [\d.,]+ [^|]+ \| [\d.,]+ \(\d+: [\d.,]+-[\d.,]+\) \|"  # best, median (blocks: range)
+    missing = [name for name in OP_CLASS_ROWS if not re.search(row.format(re.escape(name)), text, re.M)]
     assert not missing, f"lesson 00's committed ceilings lack {missing}"
