@@ -1,5 +1,5 @@
 """What this machine is (CPU, its instruction sets, GPU, library versions) and the policies that follow from it:
-precision, TF32, and how many devices a launch may ask for. Imports nothing from course_lib."""
+precision, TF32, and how many devices a launch may ask for. Imports only errors and machines from course_lib."""
 from __future__ import annotations
 
 import functools
