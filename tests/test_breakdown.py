@@ -84,10 +84,27 @@ def test_reconcile_prints_the_profilers_own_overhead_and_the_shares():
     assert bd.overhead_s == pytest.approx(0.0, abs=1e-12)
     line = breakdown.reconcile(bd)
     assert "1.10 ms timed outside the profiler (median; 1.00 ms-1.20 ms, 3 runs)" in line
-    assert "55% ran in the 2 kinds of op" in line and "between recorded events" in line
+    assert "55% of the profiled step ran in the 2 kinds of op" in line and "between recorded events" in line
     busy = fake_breakdown(measured=(2e-3,))
     assert "busier while timing" in breakdown.reconcile(busy)
     assert bd.recorded == pytest.approx(1 - 0.2 / 1.1)
+
+
+def test_the_reconciliation_and_the_explain_line_print_one_fact_a_line_within_120_characters():
+    """Worst cases: 5-digit times, runs, steps and kinds of op, a long hardware name, the busier-machine wording: every
+    line of the table's notes and of explain fits in verdict.LONGEST, in a fixed shape (a five-item markdown list)."""
+    from course_lib.measure import verdict
+
+    hardware = "CPU Intel(R) Xeon(R) Platinum 8480+ (2 cores)"
+    ops = {f"native_batch_norm_backward_{i:05d}": {"calls": 12_345, "measured": 12_345.0, "bound": 1e-9,
+                                                   "kind": "memory"} for i in range(12_345)}
+    for measured, profiled in (([12_345.0, 99_999.0] * 6_173, 99_999.0), ([99_999.0], 12_345.0)):
+        bd = breakdown.rows(breakdown.Breakdown(ops, {breakdown.PYTHON: 12_345.0}, measured, profiled, 12_345.0,
+                                                hardware, steps=12_345))
+        notes = breakdown.table(bd).split("\n\n", 1)[1].splitlines()
+        assert sum(line.startswith("- ") for line in notes) == 5 and hardware in notes[-1]
+        long = [f"{len(t)}: {t}" for t in notes + [breakdown.sentence(bd)] if len(t) > verdict.LONGEST]
+        assert not long, "\n".join(long)
 
 
 def test_a_tiny_step_broken_down_for_real_groups_the_profilers_time_by_the_counted_ops():

@@ -352,3 +352,30 @@ def test_data_movement_kernels_are_timed_alone_at_their_shapes():
         return z.to(torch.float32)
     c = roofline.count(augment, floors=True)
     assert {o.name for o in c.ops if o.floor > 0} >= {"constant_pad_nd", "gather", "flip", "_to_copy"}
+
+
+# the longest hardware names the course prints (hardware.label) and the lessons' longest step names
+LONG_HARDWARE = ("CPU Intel(R) Xeon(R) Platinum 8480+ (2 cores)", "1x NVIDIA H100 80GB HBM3 (CUDA 12.4)")
+LONG_STEPS = ("a plain LeNet step with its loader, batch 64", "the final recipe's step, batch 256",
+              "- ResNet-9 width 64, batch 256, bf16")
+
+
+def test_explain_prints_one_fact_a_line_each_within_120_characters():
+    """Worst cases: long hardware and step names, 5-digit counts and times, an emulated format: every line fits in
+    verdict.LONGEST, and the shape (name and counts, bound, shares, prediction against measurement) is fixed."""
+    from course_lib.measure import verdict
+
+    big = [roofline.Op("mm", 12_345 * 10**9, 12_345 * 2**20, True), *[roofline.Op("add", 1, 1)] * 12_344]
+    dense = [roofline.Op("mm", 12_345 * 10**9, 12_345 * 2**20 // 10**4, True)]  # 5-digit FLOP/byte
+    for hw in LONG_HARDWARE:
+        ceil = replace(fake_ceilings(rate=1e3, bandwidth=1e3, per_op=1.0), hardware=hw)
+        for name in LONG_STEPS:
+            for ops in (big, dense):
+                for measured, rate in (([12_345.0, 12_340.0, 99_999.0] * 4_115, None), ([1e-6], 12_345e9)):
+                    text = roofline.explain(name, roofline.Counts(ops, 0), ceil, measured, "bf16" if rate else "fp32",
+                                            rate)
+                    lines = text.splitlines()
+                    assert len(lines) == 4 + bool(rate) and lines[0].startswith(f"{name}: ")
+                    assert all(line.startswith("  ") for line in lines[1:]) and "x the prediction" in lines[-1]
+                    long = [f"{len(t)}: {t}" for t in lines if len(t) > verdict.LONGEST]
+                    assert not long, "\n".join(long)

@@ -125,18 +125,21 @@ def table(bd: Breakdown, top: int = 5) -> str:
 
 
 def reconcile(bd: Breakdown) -> str:
-    """The profiled step against the step timed outside the profiler: the profiler's own overhead, and the shares
-    recorded in the ops the model counts, in named overhead, and between recorded events."""
+    """The profiled step against the step timed outside the profiler, as a markdown list of one fact a line: the
+    step outside it, the profiler's own overhead, the shares recorded in the ops the model counts, in named overhead
+    and between recorded events, and the model's prediction."""
     named = sum(r["measured"] for r in bd.ops.values()) / bd.profiled
     spread = (f"{timing.duration(min(bd.measured))}-{timing.duration(max(bd.measured))}, {len(bd.measured)} runs"
               if len(bd.measured) > 1 else "one run")
     own = (f"so the profiler's own overhead is {timing.duration(bd.overhead_s)} ({bd.overhead_s / bd.step:.0%})"
            if bd.overhead_s >= 0 else "faster than timed outside it: the machine was busier while timing")
-    return (f"Per step: {timing.duration(bd.step)} timed outside the profiler (median; {spread}), "
-            f"{timing.duration(bd.profiled)} under it ({bd.steps} steps), {own}. Of the profiled step, "
-            f"{named:.0%} ran in the {len(bd.ops)} kinds of op the model counts, {bd.recorded - named:.0%} in named "
-            f"overhead the profiler recorded and {1 - bd.recorded:.0%} between recorded events ({PYTHON.lower()}); "
-            f"the model predicts {timing.duration(bd.predicted)}.")
+    return "\n".join([
+        f"- Per step: {timing.duration(bd.step)} timed outside the profiler (median; {spread})",
+        f"- under the profiler: {timing.duration(bd.profiled)} ({bd.steps} steps), {own}",
+        f"- {named:.0%} of the profiled step ran in the {len(bd.ops)} kinds of op the model counts",
+        f"- {bd.recorded - named:.0%} in named overhead the profiler recorded, {1 - bd.recorded:.0%} between recorded "
+        f"events ({PYTHON})",
+        f"- the model predicts {timing.duration(bd.predicted)}"])
 
 
 def sentence(bd: Breakdown) -> str:

@@ -102,19 +102,22 @@ def ops(n: int) -> str:
 
 def explain(name: str, counts: Counts, ceil: ceilings.Ceilings, measured: list[float], fmt: str = "fp32",
             rate: float | None = None) -> str:
-    """A printed verdict: what the step does, the bound it hits, the time that predicts and the measured time.
-    `rate`: the products' measured FLOP/s where `fmt` has no native ceiling (emulated), named as such."""
+    """A printed verdict, one fact a line (each <= verdict.LONGEST): what the step does; the bound it hits against
+    which ceilings; the predicted time by bound; the time that predicts against the measured time with its spread.
+    `rate`: the products' measured FLOP/s where `fmt` has no native ceiling (emulated), on a line of its own."""
     m = step_model(counts, ceil, fmt, rate)
     med = statistics.median(measured)
     shares = ", ".join(f"{m['share'][k]:.0%} {k}" for k in KINDS)
     spread = (f"{timing.duration(min(measured))}-{timing.duration(max(measured))}, {len(measured)} runs"
               if len(measured) > 1 else "a single run, no spread")
-    which = f"{fmt} (emulated: products at the measured {timing.flop_rate(rate)})" if rate else fmt
-    return (f"{name}: {verdict.number(counts.flops / 1e9)} GFLOP, {verdict.number(counts.bytes / 2**20)} MiB moved, "
-            f"{ops(counts.n_ops)}, {verdict.number(counts.intensity)} FLOP/byte. Against {ceil.hardware}'s {which} "
-            f"ceilings it is {m['kind']}-bound (predicted time by bound: {shares}); the model predicts "
-            f"{timing.duration(m['predicted'])}, measured {timing.duration(med)} (median; "
-            f"{spread}): {verdict.number(med / m['predicted'])}x the prediction")
+    emulated = [f"  {fmt} is emulated: products at the measured {timing.flop_rate(rate)}"] if rate else []
+    return "\n".join([
+        f"{name}: {verdict.number(counts.flops / 1e9)} GFLOP, {verdict.number(counts.bytes / 2**20)} MiB moved, "
+        f"{ops(counts.n_ops)}, {verdict.number(counts.intensity)} FLOP/byte",
+        f"  {m['kind']}-bound against {ceil.hardware}'s {fmt} ceilings", *emulated,
+        f"  predicted time by bound: {shares}",
+        f"  the model predicts {timing.duration(m['predicted'])}, measured {timing.duration(med)} (median; {spread}): "
+        f"{verdict.number(med / m['predicted'])}x the prediction"])
 
 
 def achieved(counts: Counts, seconds: float, ceil: ceilings.Ceilings, fmt: str = "fp32") -> dict:
