@@ -1,8 +1,10 @@
 """Estimate each lesson's full-size wall time on a T4 and an H100 from its FLOPs, bytes and data-sheet peaks.
 
-Not a measurement: it counts what each notebook's code does at the GPU run size (FLOPs on the meta device, bytes
-that cross the host link, eager kernels per step), divides by flops.GPU_PEAKS and the link's bandwidth, and adds
-fixed costs read from the committed CPU run. Every assumption is a named constant below with its reason.
+Not a measurement: it prices what each lesson's spec says its notebook's sections run (course_lib.base.lessons'
+sections, as base.workloads records; this script holds no lesson of its own) at the GPU run size (FLOPs on the meta
+device, bytes that cross the host link, eager kernels per step), divides by flops.GPU_PEAKS and the link's
+bandwidth, and adds fixed costs read from the committed CPU run. Every assumption is a named constant below with its
+reason.
 
     .venv/bin/python -m scripts.estimate_gpu_times            # print the per-lesson arithmetic
     .venv/bin/python -m scripts.estimate_gpu_times --write    # rewrite docs/results/gpu-estimates.md and the
@@ -21,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from course_lib.base import config, hardware, lessons, results
+from course_lib.base import config, hardware, lessons, results, workloads
 from course_lib.base.internals import TorchDispatchMode  # sees every aten op (a private torch name)
 from course_lib.entry import runner  # the installed course: no sys.path
 from course_lib.measure import flops
@@ -29,9 +31,8 @@ from course_lib.training import models
 
 ROOT = Path(__file__).resolve().parents[1]
 
-LESSONS = lessons.names()  # the lesson specs (course_lib.base.lessons); a new lesson needs lesson_items
-IMAGE_FLOATS = 3 * 32 * 32  # one CIFAR-10 image, (3, 32, 32)
-SPLIT_IMAGES = 50_000  # CIFAR-10's training JPEGs; lessons 01-07 carve 10 % validation and 10 % test from them
+LESSONS = lessons.names()  # the lesson specs (course_lib.base.lessons): their sections say what each runs
+IMAGE_FLOATS = workloads.IMAGE_FLOATS
 
 # --- the two GPUs: names as torch.cuda.get_device_name() gives them, so flops.gpu_peaks finds their rows ---------
 # host link: T4 is a PCIe 3.0 x16 card, the H100 SXM's host link is PCIe 5.0 x16 (NVIDIA's data sheets); x16
@@ -113,8 +114,9 @@ class _OpCount(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-NETS = {"lenet": lambda w: models.LeNet(), "simple_cnn": lambda w: models.SimpleCNN(),
-        "resnet9": lambda w: models.ResNet9(width=w), "airnet": lambda w: models.AirNet(w)}
+NETS = {"lenet": lambda w: models.LeNet(), "simple_cnn": lambda w: models.SimpleCNN(),  # w: workloads.Steps.width
+        "resnet9": lambda w: models.ResNet9(width=w),
+        "airnet": lambda w: models.AirNet(tuple(round(c * w) for c in models.WIDTHS))}
 
 
 @functools.lru_cache(maxsize=None)
@@ -202,140 +204,51 @@ def host_train(net, images, width=64) -> float:
     return per_image(net, width if net in ("resnet9", "airnet") else None, True)[0] * images
 
 
-# --- the lessons, each as the notebook's code runs on one GPU (sections: its '## N.' headings) ---------------
-def lesson_items(lesson: str, e: Estimator, size: str = "full") -> list[Item]:
-    """What one lesson does on a machine with one GPU, at a run size, as Items."""
+# --- the lessons: each spec's sections (base.lessons, base.workloads), priced on one GPU ----------------------------
+def run_of(lesson: str, e: Estimator, size: str = "full") -> workloads.Run:
+    """A lesson's run as its spec's sections see it: its size on a machine with one GPU (config.run_size), what of
+    that GPU the notebook's choices depend on, and the committed CPU runs."""
     s = config.run_size(lesson, gpu=True, size=size)
-    train = s.train_subset or int(SPLIT_IMAGES * 0.8)  # 10 % validation and 10 % test carved off
-    evals = s.eval_subset or int(SPLIT_IMAGES * 0.1)
-    ep = lambda batch, drop=False: train // batch if drop else math.ceil(train / batch)  # noqa: E731  steps/epoch
-    ev = lambda batch: math.ceil(evals / batch)  # noqa: E731
-    start_hi = cpu_wall_s("00_setup")
-    items = [e.fixed("start: imports, data load (slow end: lesson 00's whole CPU run)", START_LO_S, start_hi),
+    return workloads.Run(size=size, repeats=s.repeats, bench_steps=s.bench_steps, epochs=s.epochs,
+                         batch_size=s.batch_size, width=s.width, train_subset=s.train_subset,
+                         eval_subset=s.eval_subset, host_cores=e.spec["host_cores"], mixed=e.mixed,
+                         formats=frozenset(e.peaks), figure=lambda name, fig: committed_run(name).figure(fig),
+                         wall_s=cpu_wall_s)
+
+
+def passes_flops(passes: tuple[workloads.Images, ...]) -> float:
+    """FLOPs of images through nets on the host (forward, or forward+backward where a pass trains)."""
+    return sum((host_train if p.train else host_forward)(p.net, p.images, p.width) for p in passes)
+
+
+def price(w: workloads.Work, e: Estimator) -> Item:
+    """One record of a section's work as an Item on this GPU."""
+    if isinstance(w, workloads.Steps):
+        return e.steps(w.what, w.net, w.batch, w.steps, train=w.train, precision=w.precision, loop=w.loop,
+                       width=w.width, on_device=w.on_device)
+    if isinstance(w, workloads.Matmul):
+        return e.matmul(w.what, w.n, w.calls, precision=w.precision)
+    if isinstance(w, workloads.Copy):
+        return e.copy(w.what, w.nbytes)
+    if isinstance(w, workloads.HostFlops):
+        return e.host_flops(w.what, passes_flops(w.passes))
+    if isinstance(w, workloads.HostSeconds):
+        return e.host_s(w.what, w.lo, w.hi, passes_flops(w.passes))
+    if isinstance(w, workloads.Launches):  # eager ops at the launch cost each, nothing else
+        return e.fixed(w.what, w.ops * LAUNCH_US[0] * 1e-6, w.ops * LAUNCH_US[1] * 1e-6)
+    if isinstance(w, workloads.Compile):
+        return e.fixed(w.what, w.lo * COMPILE_FACTOR[0], w.hi * COMPILE_FACTOR[1])
+    raise TypeError(f"No price for {type(w).__name__}: base.workloads' records are {workloads.Work}.")
+
+
+def lesson_items(lesson: str, e: Estimator, size: str = "full") -> list[Item]:
+    """What one lesson does on a machine with one GPU, at a run size, as Items: the start, then what each section
+    of its spec runs, in the notebook's order."""
+    run = run_of(lesson, e, size)
+    items = [e.fixed("start: imports, data load (slow end: lesson 00's whole CPU run)", START_LO_S,
+                     cpu_wall_s("00_setup")),
              e.fixed("CUDA context and library handles", *CUDA_INIT_S)]
-    add = items.append
-    if lesson == "00_setup":
-        add(e.matmul("section 4: 2048^3 fp32 products, warm-up + max(5, repeats)", 2048, 1 + max(5, s.repeats)))
-        add(e.matmul("exercise 2: 4096^3 fp32 products, warm-up + 3", 4096, 4))
-    elif lesson == "01_pytorch_baseline":
-        for bs in (4, 16, 64, 256):  # section 3: every batch size that fits one pass, interleaved rounds
-            if bs * (s.bench_steps + 3) <= train:
-                add(e.steps(f"section 3: LeNet batch {bs}, {s.repeats} x {s.bench_steps + 3} steps", "lenet", bs,
-                            s.repeats * (s.bench_steps + 3), loop="plain"))
-        add(e.steps(f"section 3: LeNet batch 64, {s.epochs} epochs", "lenet", 64, s.epochs * ep(64), loop="plain"))
-        add(e.steps("section 3: test predictions, twice", "lenet", 256, 2 * ev(256), train=False, loop="plain"))
-        seed_epochs = min(2, s.epochs)
-        add(e.steps(f"section 3, training for real: the articles' loop, batch 4, {seed_epochs} epochs", "lenet", 4,
-                    seed_epochs * ep(4), loop="plain"))
-    elif lesson == "02_lightning":
-        add(e.steps(f"section 3: LeNet in the Trainer, {s.epochs} epochs", "lenet", 64, s.epochs * ep(64)))
-        add(e.steps("section 3: validation each epoch and the test", "lenet", 64, (s.epochs + 1) * ev(64),
-                    train=False))
-        add(e.steps("section 3: predictions by hand", "lenet", 64, ev(64), train=False, loop="plain"))
-        lo, hi = e.c["02_cpu_epochs_s"]  # section 5 trains on accelerator="cpu" whatever the machine has
-        rounds = max(3, s.repeats)
-        add(e.host_s(f"section 5: {rounds} rounds x 4 one-epoch runs on the CPU (committed epoch times)",
-                     rounds * lo * train / 40_000, rounds * hi * train / 40_000))
-    elif lesson == "03_gpu_and_data":
-        dataset = SPLIT_IMAGES * IMAGE_FLOATS  # section 2: the split as uint8
-        add(e.copy("section 2: the dataset tensor, pageable and pinned, 2 x (1 + 5) copies", 12 * dataset))
-        add(e.matmul("section 2, non_blocking: 4096^3 fp32 products, 5 variants x 5 rounds x 21 passes", 4096,
-                     5 * 5 * 21))
-        bs, steps = 128, s.repeats * (2 + s.bench_steps)
-        jpeg_lo, jpeg_hi = e.c["jpeg_images_s"][2], e.c["jpeg_images_s"][1]  # fastest and slowest committed round
-        jpeg_images = 21 * bs + 3 * steps * bs  # section 3's profile and its three JPEG rungs
-        add(e.host_s("section 3: JPEG decode + PIL augmentation on the host (committed images/s)",
-                     jpeg_images / jpeg_lo, jpeg_images / jpeg_hi))
-        workers = len([n for n in (0, 1, 2, 4, 8) if n <= e.spec["host_cores"]])
-        add(e.steps(f"section 3: SimpleCNN batch 128, {3 + workers + 1} rungs x {steps} steps", "simple_cnn", bs,
-                    (3 + workers + 1) * steps))
-        for b in (32, 128, 512, 1024, 2048):  # section 5: ResNet-9 width 64, data on the device, fp32
-            add(e.steps(f"section 5: ResNet-9 w64 batch {b}, {steps} steps", "resnet9", b, steps, on_device=True))
-    elif lesson == "04_mixed_precision":
-        width, bs = round(64 * s.width), 512
-        tf32 = "tf32" if "tf32" in e.peaks else "fp32"  # "high" changes nothing without TF32
-        formats = [("fp32", "fp32"), ('"high"', tf32), ("fp16", "fp16")] + ([("bf16", "bf16")] if e.mixed == "bf16"
-                                                                           else [])
-        for name, f in formats:
-            add(e.matmul(f"section 3: 8192^3 products, warm-up + 20, {name} (at the {f} peak)", 8192, 21,
-                         precision=f))
-        configs = {"fp32": "fp32", "tf32": "tf32", "fp16-mixed": "fp16", "bf16-mixed": "bf16"}  # section 4's CONFIGS
-        runnable = {n: f for n, f in configs.items() if f in e.peaks and (n != "bf16-mixed" or e.mixed == "bf16")}
-        steps = s.repeats * (5 + s.bench_steps)
-        for name, f in runnable.items():  # the configurations section 4 keeps on this GPU
-            add(e.steps(f"section 4: ResNet-9 w{width} batch {bs}, {name}, {steps} steps", "resnet9", bs, steps,
-                        precision=f, width=width, on_device=True))
-            add(e.steps(f"section 4: train {s.epochs} epochs, {name}", "resnet9", bs, s.epochs * ep(bs),
-                        precision=f, width=width))
-            add(e.steps(f"section 4: test, {name}", "resnet9", bs, ev(bs), train=False, precision=f, width=width))
-        add(e.steps("memory section: 3 step variants x 4 calls + 8 accumulated batches", "resnet9", bs, 3 * 4 + 8,
-                    loop="plain"))  # MEM_WIDTH: 64 on a GPU
-    elif lesson == "05_compile_and_tuning":
-        rounds, steps = max(3, s.repeats), 3 + s.bench_steps
-        add(e.steps(f"bench: eager, compile, channels_last, reduce-overhead: 4 x {s.repeats} x {steps} steps",
-                    "simple_cnn", 64, 4 * s.repeats * steps, on_device=True))
-        gelu_ops = 8  # gelu_tanh's eager chain: about 8 elementwise ops (section 1 counts them on the machine)
-        add(e.fixed(f"GELU chain: {rounds} rounds x {s.bench_steps} calls, eager ops launch-bound",
-                    rounds * s.bench_steps * gelu_ops * LAUNCH_US[0] * 1e-6,
-                    rounds * s.bench_steps * gelu_ops * LAUNCH_US[1] * 1e-6))
-        lr_steps = 100 if size == "full" else 30
-        add(e.steps(f"profiler ({s.bench_steps} steps) and lr_find ({lr_steps} steps)", "simple_cnn", 64,
-                    s.bench_steps + lr_steps))
-        for b in (64 * 2**k for k in range(7)):  # scale_batch_size: 7 trials, 3 steps each (Tuner's default)
-            add(e.steps(f"scale_batch_size trial, batch {b}", "simple_cnn", b, 3))
-        cold = e.c["gelu_compile_s"] + 2 * e.c["cnn_compile_s"]  # GELU + the CNN with default and reduce-overhead
-        add(e.fixed("compiles: GELU + CNN x 2, cold (the CPU run's cold compiles x COMPILE_FACTOR); later rounds "
-                    "recompile from a warm cache (slow end: 2 more cold ones)", cold * COMPILE_FACTOR[0],
-                    (cold + 2 * e.c["cnn_compile_s"]) * COMPILE_FACTOR[1]))
-    elif lesson == "06_ddp":
-        cpu = cpu_wall_s("06_ddp") - cpu_wall_s("00_setup")  # less the start already counted above
-        fit = host_train("lenet", s.epochs * train)  # the ddp_notebook fit's LeNet training, for the record
-        add(e.host_s("CPU DDP (gloo) cells: the committed CPU run; the multi-GPU cells need 2 GPUs and are skipped",
-                     cpu, cpu, fit))
-    elif lesson == "07_quantization":
-        width = round(64 * s.width)
-        add(e.steps(f"section 2: ResNet-9 w{width}, {s.epochs} epochs", "resnet9", 64, s.epochs * ep(64), width=width))
-        add(e.steps(f"section 2: LeNet, {s.epochs} epochs", "lenet", 64, s.epochs * ep(64)))
-        prune = 4 if size == "full" else 2
-        add(e.steps(f"pruning: {prune} x 1/8-epoch fine-tunes (ResNet-9) + 1 (LeNet)", "resnet9", 64,
-                    prune * ep(64) // 8, width=width))
-        # on the host (compress runs on the CPU): latency rows at batch 1 and 64, accuracy passes, calibration, QAT
-        resnet_rows, lenet_rows, calls = 7, 5, 2 + s.bench_steps
-        fwd = (host_forward("resnet9", resnet_rows * calls * 65 + (resnet_rows + 5 + prune) * evals + 512, width)
-               + host_forward("lenet", lenet_rows * calls * 65 + (lenet_rows + 1) * evals))
-        qat = host_train("resnet9", int(0.25 * ep(64)) * 64, width)
-        add(e.host_flops(f"host: {resnet_rows} ResNet-9 + {lenet_rows} LeNet rows (latency b1/b64 x {calls}, test "
-                         f"accuracy), calibration, pruning curve", fwd))
-        add(e.host_flops("host: QAT, a quarter epoch on the CPU", qat))
-        c = e.c["07_cpu_compile_s"]
-        add(e.host_s("host: int8 and fp32 compile_for_cpu (the CPU run's int8 compile, twice)", 2 * c, 2 * c))
-    elif lesson == "08_capstone":
-        bs = s.batch_size
-        widths = tuple(round(w * s.width) for w in models.WIDTHS)
-        train8 = s.train_subset or SPLIT_IMAGES - int(SPLIT_IMAGES * 0.1)  # 08 carves only a test split
-        steps64, steps_big = s.epochs * math.ceil(train8 / 64), s.epochs * (train8 // bs)
-        seeds = 5 if size == "full" else 2
-        add(e.steps(f"rung 0: LeNet batch 64, {s.epochs} epochs", "lenet", 64, steps64))
-        add(e.steps(f"rung 1: AirNet batch 64, {s.epochs} epochs, fp32", "airnet", 64, steps64, width=widths))
-        add(e.steps(f"rungs 2-3: AirNet batch {bs}, {s.epochs} epochs, fp32", "airnet", bs, 2 * steps_big,
-                    width=widths, on_device=True))
-        runs = 1 + seeds + 2  # rung 5, the seeds, the twin and the barebones run
-        add(e.steps(f"rung 5, {seeds} seeds, twin, barebones: {runs} x {s.epochs} epochs, {e.mixed}", "airnet", bs,
-                    runs * steps_big, precision="mixed", width=widths, on_device=True))
-        rungs = seeds + 1 + 4  # rung 6 (Muon): the seeds and a warm-up; rung 7: its four changes, one run each
-        add(e.steps(f"rungs 6-7 (Muon, the record's changes): {rungs} x about {s.epochs} epochs, {e.mixed}", "airnet",
-                    bs, rungs * steps_big, precision="mixed", width=widths, on_device=True))
-        tests = 4 + 6 * (runs + 1 + rungs) + 3  # 4 plain test passes; TTA level 2 is 6 views; selective TTA ~2.5
-        add(e.steps(f"tests: {tests} passes over the test split", "airnet", bs, tests * ev(bs), train=False,
-                    precision="mixed", width=widths, on_device=True))
-        add(e.copy("the split to the device as uint8, twice (loader rungs move float batches, counted above)",
-                   2 * train8 * IMAGE_FLOATS))
-        c = e.c["cnn_compile_s"]
-        add(e.fixed("compile of AirNet, once (the CPU run's SimpleCNN cold compile x COMPILE_FACTOR, assumed)",
-                    c * COMPILE_FACTOR[0], c * COMPILE_FACTOR[1]))
-    else:
-        raise ValueError(f"Unknown lesson {lesson!r}; lessons are {LESSONS}.")
-    return items
+    return items + [price(w, e) for section in lessons.get(lesson).sections for w in section.work(run)]
 
 
 def totals(items: list[Item]) -> dict:
@@ -399,8 +312,9 @@ def report(result: dict) -> str:
         "## Method",
         "",
         "For each lesson at full size on a machine with one GPU (`config.run_size(lesson, gpu=True)`, so",
-        "`LESSON_SCALES`' GPU rows), the script lists what the notebook's code cells run: which model, batch, steps,",
-        "repeats and precision, and which parts stay on the host CPU. For each training or evaluation phase:",
+        "`LESSON_SCALES`' GPU rows), the lesson's spec (`base/lessons.py`, `sections`) lists what each section of",
+        "the notebook runs: which model, batch, steps, repeats and precision, and which parts stay on the host CPU",
+        "(`base/workloads.py`'s records); the script prices each record. For each training or evaluation phase:",
         "",
         "- FLOPs per image: `flops.train_step_flops` (forward + backward, measure_flops on the meta device) or a",
         "  forward pass under FlopCounterMode; eager aten ops per step counted with a TorchDispatchMode on meta.",

@@ -82,3 +82,20 @@ def test_cpu_wall_times_come_from_the_committed_runs(est):
     """cpu_wall_s reads each lesson's committed run (runner.committed_runs, which the README's lesson table shows)."""
     for lesson in est.LESSONS:
         assert est.cpu_wall_s(lesson) > 0, lesson
+
+
+def test_the_estimator_prices_the_specs_sections(est, full):
+    """lesson_items is the start plus each spec section's work, priced in the notebook's order: no lesson of its own
+    (a section added to a lesson's spec is counted with nothing else changed). A section without work says why."""
+    import inspect
+
+    from course_lib.base import lessons
+
+    assert "if lesson ==" not in inspect.getsource(est)
+    for lesson in est.LESSONS:
+        spec = lessons.get(lesson)
+        assert spec.sections and all(s.note or s.work is not type(s).work for s in spec.sections), lesson
+        for gpu, e in ((g, est.Estimator(g)) for g in est.GPUS):
+            run = est.run_of(lesson, e)
+            work = [w for s in spec.sections for w in s.work(run)]
+            assert [it.what for it in full[lesson][gpu][1][2:]] == [w.what for w in work], (lesson, gpu)

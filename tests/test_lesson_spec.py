@@ -107,3 +107,43 @@ def test_spec_targets_name_gpu_check_rows():
         for target in spec.targets:
             assert {target.config, target.baseline} <= rows, (spec.name, target)
     assert [t[0] for t in gpu_check.TARGETS] == [s.number for s in lessons.LESSONS for _ in s.targets]
+
+
+#: code that trains or times: a notebook section holding it has a spec section (base.workloads), with its work or a note
+TRAINS_OR_TIMES = re.compile(r"\.fit\(|\b(?:run_configs|time_calls|seed_runs|run_seed|train_plain|lr_find|"
+                             r"scale_batch_size|scaling\.measure\w*|ceilings\.measure|ddp_train|train_steps)\(")
+
+
+def sections(path: Path) -> list[tuple[str, list[str], str]]:
+    """A notebook's '## ' sections: (heading, its '### ' subheadings, its code), headings without the '#'s."""
+    out = []
+    for cell in json.loads(path.read_text())["cells"]:
+        text = "".join(cell["source"])
+        if cell["cell_type"] == "markdown":
+            for line in text.splitlines():
+                if line.startswith("## "):
+                    out.append((line[3:].strip(), [], ""))
+                elif line.startswith("### ") and out:
+                    out[-1][1].append(line[4:].strip())
+        elif out:
+            out[-1] = (out[-1][0], out[-1][1], out[-1][2] + "\n" + text)
+    return out
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem[:2])
+def test_spec_sections_name_the_notebooks_headings(path):
+    """Each spec section names a heading of its notebook, in the notebook's order, once; one without work says why."""
+    found = [h for heading, subs, _ in sections(path) for h in (heading, *subs)]
+    named = [s.heading for s in lessons.get(path.stem).sections]
+    assert set(named) <= set(found), set(named) - set(found)
+    assert named == sorted(set(named), key=found.index), "spec sections out of the notebook's order, or twice"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem[:2])
+def test_sections_that_train_or_time_have_a_spec_section(path):
+    """A notebook section (or one of its subsections) that trains or times code has a spec section: the work the GPU
+    estimator counts, or a note saying where it is counted or why not."""
+    named = {s.heading for s in lessons.get(path.stem).sections}
+    missing = [heading for heading, subs, text in sections(path)
+               if TRAINS_OR_TIMES.search(text) and not named & {heading, *subs}]
+    assert not missing, f"add these sections to {path.stem}'s spec (course_lib/base/lessons.py): {missing}"
