@@ -83,22 +83,30 @@ def cpu_wall_s(lesson: str) -> float:
 
 @functools.lru_cache(maxsize=None)
 def committed() -> dict:
-    """The CPU run's figures this estimate uses, each a typed record of a committed run (no text is parsed), each
-    named in its lesson's spec (lessons.Lesson.figures)."""
-    f02, f05 = committed_run("02_lightning").figure, committed_run("05_compile_and_tuning").figure
-    lightning = [f02(name).value for name in lessons.TRAINER_ROWS_OVERHEAD]
-    epochs = [f02(name) for name in lessons.TRAINER_ROWS_EPOCHS]  # lesson 02, section 5: median (low-high s, n)
-    jpeg = committed_run("03_gpu_and_data").figure("JPEG + PIL + v2, num_workers=0 images/s")
+    """The committed CPU run's figures that price every lesson's work (the sections' own figures they read through
+    workloads.Run.figure), each a typed record (no text is parsed), each named in its lesson's spec."""
+    lightning = [committed_run("02_lightning").figure(name).value for name in lessons.TRAINER_ROWS_OVERHEAD]
     return {
         "host_gflops": committed_run("00_setup").figure("fp32 matmul").value,
         # Trainer loop cost per step over a plain loop; a row below the plain loop's (a noisy round) counts as none
         "lightning_ms": (max(0.0, min(lightning)), max(lightning)),
-        "02_cpu_epochs_s": (sum(e.low for e in epochs), sum(e.high for e in epochs)),  # one round, min and max
-        "jpeg_images_s": (jpeg.value, jpeg.low, jpeg.high),  # median, min, max
-        "gelu_compile_s": f05("compile time, GELU function").value,
-        "cnn_compile_s": f05("compile time, simple_cnn training step").value,
-        "07_cpu_compile_s": committed_run("07_quantization").figure("ResNet9 int8 compile time").value,
     }
+
+
+def figure_lines() -> list[str]:
+    """A line per figure the lesson specs name (lessons.Lesson.figures): its committed value and spread."""
+    lines = []
+    for spec in lessons.LESSONS:
+        for f in map(committed_run(spec.name).figure, spec.figures):
+            spread = f" ({f.low:,.4g}-{f.high:,.4g})" if f.low is not None and f.high is not None else ""
+            lines.append(f"  - {spec.name}, {f.name}: {f.value:,.4g}{spread} {f.unit}".rstrip())
+    return lines
+
+
+def uncounted_lines() -> list[str]:
+    """A line per notebook section whose spec says the estimate leaves it out (a note starting 'not counted')."""
+    return [f"- {spec.name}, \"{s.heading}\": {s.note}" for spec in lessons.LESSONS for s in spec.sections
+            if s.note.startswith("not counted")]
 
 
 # --- counting: FLOPs on the meta device, eager ops with a dispatch mode ------------------------------------------
@@ -358,22 +366,18 @@ def report(result: dict) -> str:
         "they decide lesson 03's worker rows. The H100 column uses the same host rates as the T4's (a faster host "
         "shortens lessons 02, 03, 06 and 07 there).",
         "- Not counted: optimizer kernels (foreach: a handful per step), the DataLoader's per-batch host work",
-        "  beyond the launch cost, lesson 04's fp64 reference product, the exercises' checks, plots, cuDNN's",
-        "  algorithm search, torchmetrics' updates beyond the Trainer's measured per-step cost, and lesson 07's GPU",
-        "  weight-only/fp8 demo on a small MLP.",
+        "  beyond the launch cost, the exercises' checks, plots, cuDNN's algorithm search, torchmetrics' updates",
+        "  beyond the Trainer's measured per-step cost, and these sections, as their specs say:",
+        *uncounted_lines(),
         "",
         "## Fixed costs read off the committed CPU run",
         "",
         f"- Lightning's per-step cost over a plain loop: {c['lightning_ms'][0]:+.2f} to {c['lightning_ms'][1]:+.2f} "
         "ms (lesson 02, section 5's rows).",
-        f"- Lesson 02's CPU-only epoch comparison: {c['02_cpu_epochs_s'][0]:.2f}-{c['02_cpu_epochs_s'][1]:.2f} s "
-        "per round of 4 epochs (section 5's min and max).",
-        f"- JPEG pipeline, num_workers=0: {c['jpeg_images_s'][1]:,.0f}-{c['jpeg_images_s'][2]:,.0f} images/s "
-        "(lesson 03, section 3).",
-        f"- Cold compiles: GELU {c['gelu_compile_s']:g} s, SimpleCNN training step {c['cnn_compile_s']:g} s "
-        f"(lesson 05); int8 compile_for_cpu {c['07_cpu_compile_s']:g} s (lesson 07, at its CPU width).",
-        f"- Host fp32 matmul: {c['host_gflops']:,.0f} GFLOP/s (lesson 00); lesson 06's CPU wall time "
-        f"{cpu_wall_s('06_ddp'):g} s (its committed run).",
+        f"- Host fp32 matmul: {c['host_gflops']:,.0f} GFLOP/s (lesson 00).",
+        "- The committed wall times (the README's lesson table) and the figures the lesson specs name, each a",
+        "  median (with the slowest and fastest run where it has several) at full size on the committed CPU:",
+        *figure_lines(),
         "",
         "## Per lesson",
         "",

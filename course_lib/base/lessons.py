@@ -92,7 +92,15 @@ LESSONS = (
                          f"bench: eager, compile, channels_last, reduce-overhead: 4 x {r.repeats} x "
                          f"{3 + r.bench_steps} steps", "simple_cnn", 64, 4 * r.repeats * (3 + r.bench_steps),
                          on_device=True),), note="with section 2's layout rows and section 5's reduce-overhead row"),
-                     Section("4. The cost of one `.item()` per step", note="not counted yet"),
+                     Section("3. `zero_grad(set_to_none=True)` versus filling with zeros",
+                             note="not counted: an MLP's hand-timed steps, 2 + 2 x REPEATS x STEPS (no MLP priced)"),
+                     Section("4. The cost of one `.item()` per step", lambda r: (
+                         Steps(f"section 4: SimpleCNN, loss kept or read each step: 2 + 2 x {max(3, r.repeats)} x "
+                               f"{r.bench_steps} steps", "simple_cnn", 64, 2 + 2 * max(3, r.repeats) * r.bench_steps,
+                               loop="plain", on_device=True),  # compare(): a warm-up, then REPEATS rounds of both
+                         Steps(f"section 4: .item() counted in Trainer runs of {r.bench_steps // 2} and "
+                               f"{r.bench_steps} steps", "simple_cnn", 64, r.bench_steps // 2 + r.bench_steps,
+                               on_device=True))),
                      Section('5. CUDA graphs: `torch.compile(mode="reduce-overhead")`',
                              note="counted in section 1's bench item"),
                      Section("6. Profiling: where a step's time goes", lambda r: (Steps(
