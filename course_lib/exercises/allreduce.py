@@ -52,16 +52,16 @@ def check_06_allreduce(average_gradients: Callable, predict_speedup: Callable | 
     one = parallel.train_one("deep", 0, steps, EX06_BATCH).state_dict()
     diff = max((res["state"]["learner"][k] - one[k]).abs().max().item() for k in one)
     base_calls, my_calls = res["calls_per_step"]["baseline"], res["calls_per_step"]["learner"]
-    print(f"Exercise 3: all-reduce calls per step: yours {my_calls:g}, one per tensor {base_calls:g}; weights vs "
-          f"one process on the full batches: max |difference| {diff:.1e}")
+    print(f"Exercise 3: all-reduce calls per step: yours {my_calls:g}, one per tensor {base_calls:g}\n"
+          f"  weights against one process on the full batches: max |difference| {diff:.1e}")
     problems = []
     if my_calls > base_calls * EX06_MAX_CALL_SHARE:
-        problems.append(f"{my_calls:g} all-reduce calls per step: pack the gradients into one flat buffer (or a "
+        problems.append(f"{my_calls:g} all-reduce calls per step\npack the gradients into one flat buffer (or a "
                         f"few buckets) and all-reduce that")
     if my_calls == 0:
         problems.append("no dist.all_reduce call: the gradients must be averaged over the processes")
     if not diff < EX06_MAX_WEIGHT_DIFF:
-        problems.append("the weights differ from one process's on the full batches: the gradients are not "
+        problems.append("the weights differ from one process's on the full batches\nthe gradients are not "
                         "averaged correctly (sum over the processes, divide by world, copy back into each .grad)")
     ok = grading.mechanism("Exercise 3", problems)
     if not (ok and measure):

@@ -62,14 +62,14 @@ def _04_report(base: _Side, mine: _Side, *, batch: int, err: float, passed: bool
     t_base, t_mine = statistics.median(base.seconds), statistics.median(mine.seconds)
     price = ", the price of the memory saved" if passed else ""
     print(f"  batch {batch}: gradients match the plain step's to {err:.1e} (relative, limit {EX04_MAX_GRAD_ERROR}): "
-          f"{'same effective batch' if err <= EX04_MAX_GRAD_ERROR else 'NOT the same gradients'}; time per step "
-          f"{t_base * 1e3:.0f} ms -> {t_mine * 1e3:.0f} ms ({t_mine / t_base:.2f}x{price})")
+          f"{'same effective batch' if err <= EX04_MAX_GRAD_ERROR else 'NOT the same gradients'}\n"
+          f"  time per step {t_base * 1e3:.0f} ms -> {t_mine * 1e3:.0f} ms ({t_mine / t_base:.2f}x{price})")
     if hardware.gpu_count():
         print(f"  CUDA peak memory (torch.cuda.max_memory_allocated): {base.peak_mb:,.0f} MB -> "
               f"{mine.peak_mb:,.0f} MB")
     else:
-        print("  (no GPU: the bytes are what autograd saved for backward, counted by saved_tensors_hooks, "
-              "not the process's whole memory)")
+        print("  no GPU: the bytes are what autograd saved for backward, counted by saved_tensors_hooks\n"
+              "  (not the process's whole memory)")
 
 
 def check_04_activation_memory(train_step: Callable, predict_time_ratio: Callable | None = None, *,
@@ -148,8 +148,8 @@ def mechanism_05(compiled: Callable, x: torch.Tensor, *, grading: Grading) -> bo
         error = "Python branches on a value read back from the device" if data_dependent else type(err).__name__
     problems = []
     if error is not None:
-        problems.append(f"torch.compile(fullgraph=True) could not trace it as one graph ({error}): keep the values "
-                        f"on the device (a 0-d tensor, not .item()) and replace the Python branch by tensor ops")
+        problems.append(f"torch.compile(fullgraph=True) could not trace it as one graph\nwhy: {error}\nkeep the "
+                        f"values on the device (a 0-d tensor, not .item()) and replace the Python branch by tensor ops")
     else:
         print(f"Exercise 1: compiled as one graph; first call (compile) took {first_call_s:.1f} s")
         ref, ref_peak = eager_chain(x)

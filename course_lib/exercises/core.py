@@ -47,10 +47,11 @@ class Grading:
                             "high": got.high, "rounds": got.rounds,
                             "past": got.past, "target": target, "passed": got.met, "what": what, "hardware": hardware})
         where = f" on {hardware}" if hardware else ""
-        straddle = "; the rounds straddle the target (a busy machine?): re-run to confirm" if got.straddles else ""
         print(f"{name}: {'passed' if got.met else 'not yet'} ({what}: baseline / yours = {ratio:.2f}x, target >= "
-              f"{target:g}x; {got.past} of {got.rounds} rounds past it)")
-        print(f"  per round {got.low:.2f}-{got.high:.2f}x{where}{straddle}")
+              f"{target:g}x)")
+        print(f"  {got.past} of {got.rounds} rounds past the target; per round {got.low:.2f}-{got.high:.2f}x{where}")
+        if got.straddles:
+            print("  the rounds straddle the target (a busy machine?): re-run to confirm")
         return got.met
 
     def ratio_check(self, name: str, learner: Callable[[], float], baseline: Callable[[], float], target: float, *,
@@ -66,10 +67,11 @@ class Grading:
         return self.grade(name, base, mine, target, what=what, hardware=hardware)
 
     def mechanism(self, name: str, problems: list[str]) -> bool:
-        """Print the mechanism verdict (no clock involved): each problem, or that the code does the lesson's work;
-        True when the measurement may follow (no problem, or time_failing)."""
-        for p in problems:
-            print(f"{name} (mechanism): {p}")
+        """Print the mechanism verdict (no clock involved): each problem (its lines after the first, what to do,
+        indented), or that the code does the lesson's work; True when the measurement may follow (no problem, or
+        time_failing)."""
+        for p in problems:  # a problem's first line, then its further lines (what to do) indented under it
+            print(f"{name} (mechanism): " + p.replace("\n", "\n  "))
         if not problems:
             print(f"{name} (mechanism): passed")
             return True

@@ -51,13 +51,13 @@ def mechanism_03(make_data: Callable, batch_size: int = 256, steps: int = 3, *, 
         decoded = decoded or per_sample
     problems = []
     if library:
-        problems.append(f"it uses course_lib's finished pipeline ({', '.join(sorted(set(library)))}): build it "
+        problems.append(f"it uses course_lib's finished pipeline ({', '.join(sorted(set(library)))})\nbuild it "
                         f"yourself from the JPEG files")
     if decoded:
         where = "DataLoader workers decoded the JPEG files" if workers else \
             f"the training process decoded {len(decoded)} images"
-        problems.append(f"{where} during training: decode the files once, in setup, into one uint8 tensor, and "
-                        f"augment whole batches (setup runs again inside fit: keep what the first call built)")
+        problems.append(f"{where} during training\ndecode the files once, in setup, into one uint8 tensor, and "
+                        f"augment whole batches\n(setup runs again inside fit: keep what the first call built)")
     return grading.mechanism("Exercise 1", problems)
 
 
@@ -114,8 +114,8 @@ def check_03_data_wait(make_data: Callable, predict_batch_seconds: Callable | No
                          what="time per batch", hardware=hardware.label())
     wait = statistics.median(found["waits"])
     fed = wait < max_wait
-    print(f"Exercise 1 (data wait): LeNet training on your pipeline waits {wait:.0%} of the time (target < "
-          f"{max_wait:.0%}), median of {len(found['waits'])} runs: {'passed' if fed else 'not yet'}")
+    print(f"Exercise 1 (data wait): {'passed' if fed else 'not yet'} (training waits {wait:.0%} of the time, target < "
+          f"{max_wait:.0%})\n  LeNet on your pipeline, median of {len(found['waits'])} runs")
     ceil = ceil or ceilings.load("cuda" if hardware.gpu_count() else "cpu", verbose=False)
     predicted = predict_batch_seconds(ceil, batch_size) if predict_batch_seconds else None
     told = grade_prediction("Exercise 1", predicted, statistics.median(found["mine"]),
@@ -159,14 +159,14 @@ def mechanism_08(augment: Callable, pad: int, *, grading: Grading) -> bool:
     x, shifts, flips = inputs_08(pad)
     with forbidden(*FINISHED_AUGMENTERS) as library:
         out = augment(x, shifts, flips, pad)
-    problems = [f"it calls course_lib's finished kernel ({', '.join(sorted(set(library)))}): write the batch "
+    problems = [f"it calls course_lib's finished kernel ({', '.join(sorted(set(library)))})\nwrite the batch "
                 f"operation yourself"] if library else []
     if not (out.shape == x.shape and torch.allclose(out, per_image_augment(x, shifts, flips, pad), atol=1e-6)):
-        problems.append("the result differs from the starter's: it must normalise, crop and mirror exactly as the "
+        problems.append("the result differs from the starter's\nit must normalise, crop and mirror exactly as the "
                         "starter does")
     small, large = (torch_calls(augment, x[:n], shifts[:, :n], flips[:n], pad) for n in (8, 64))
     if large > small + EX08_EXTRA_CALLS:
-        problems.append(f"it makes {small} torch calls for 8 images and {large} for 64: it still works one image "
+        problems.append(f"it makes {small} torch calls for 8 images and {large} for 64\nit still works one image "
                         f"at a time")
     return grading.mechanism("Exercise 2", problems)
 

@@ -73,18 +73,18 @@ def mechanism_07(quantize: Callable, model, calibration: list, *, grading: Gradi
         program = quantize(model, calibration)
     int8, qdq = int8_graph_report(program)
     convs_int8, convs, linears_int8 = int8_layers(program, model)
-    problems = [f"it calls course_lib's finished version ({', '.join(sorted(set(library)))}): write the PT2E "
+    problems = [f"it calls course_lib's finished version ({', '.join(sorted(set(library)))})\nwrite the PT2E "
                 f"steps yourself"] if library else []
     if not (int8 and qdq):
-        problems.append(f"the returned program has {int8} int8 tensors and {qdq} quantize/dequantize ops: return "
+        problems.append(f"the returned program has {int8} int8 tensors and {qdq} quantize/dequantize ops\nreturn "
                         f"the converted graph (export, prepare_pt2e, calibrate, convert_pt2e), not a compiled or "
                         f"fp32 model")
     elif convs_int8 < convs or linears_int8:
-        problems.append(f"{convs_int8} of {convs} convolutions and {linears_int8} Linear layer(s) hold int8 weights: "
+        problems.append(f"{convs_int8} of {convs} convolutions and {linears_int8} Linear layer(s) hold int8 weights\n"
                         f"quantize every convolution and keep the classifier's Linear in fp32 (a quantizer setting)")
     ok = grading.mechanism("Exercise 2", problems)
     if ok:
-        print(f"Exercise 2: {int8} int8 tensors and {qdq} quantize/dequantize ops in your graph; int8 dot-product "
+        print(f"Exercise 2: {int8} int8 tensors and {qdq} quantize/dequantize ops in your graph\n  int8 dot-product "
               f"unit: {'VNNI/AMX' if hardware.cpu_int8_native() else 'none (AVX2)'}")
     return ok, program
 
@@ -130,8 +130,8 @@ def check_07_inference(quantize: Callable, model, calibration: list, held_out, p
     x64 = next(iter(held_out))[0][:EX07_BATCH]  # (64, 3, 32, 32) real held-out images
     served = compress.compile_for_cpu(program, x64)  # Inductor with freezing: the int8 kernels
     agree, seen = agreement(served, model, held_out, batches)
-    print(f"Exercise 2: your int8 model predicts the trained fp32 model's class on {agree:.1%} of {seen} held-out "
-          f"images (needs >= {min_agreement:.0%})")
+    print(f"Exercise 2: your int8 model matches the trained fp32 model's class on {agree:.1%} of {seen:,} "
+          f"held-out images (needs >= {min_agreement:.0%})")
     if not measure:
         return agree >= min_agreement
 

@@ -168,10 +168,10 @@ def mechanism_02(trainer_settings: Callable[[], dict], dm, *, grading: Grading) 
         stopped = _02_fit(trainer_settings, dm, EX02_SHORT, warmup=0, poison_at=EX02_POISON)
     problems = []
     if stopped["steps"] > EX02_POISON + 1:
-        problems.append(f"a run whose loss turned NaN at step {EX02_POISON} went on to step {stopped['steps']}: "
+        problems.append(f"a run whose loss turned NaN at step {EX02_POISON} went on to step {stopped['steps']}\n"
                         f"stop it at the first non-finite loss (a Callback's on_train_batch_end sees the step's loss)")
     if trainer_settings().get("detect_anomaly"):
-        problems.append("anomaly detection is still on: it checks every backward op, the slow way to catch a NaN; "
+        problems.append("anomaly detection is still on: it checks every backward op, the slow way to catch a NaN\n"
                         "write the cheap check of the loss yourself")
     normal = _02_fit(trainer_settings, dm, EX02_SHORT, warmup=0)
     if not normal["loggers"]:
