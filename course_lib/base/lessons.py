@@ -98,6 +98,9 @@ LESSONS = (
                          Steps(f"section 4: SimpleCNN, loss kept or read each step: 2 + 2 x {max(3, r.repeats)} x "
                                f"{r.bench_steps} steps", "simple_cnn", 64, 2 + 2 * max(3, r.repeats) * r.bench_steps,
                                loop="plain", on_device=True),  # compare(): a warm-up, then REPEATS rounds of both
+                         Steps(f"section 4: SimpleCNN, loss read every 50 steps or each step: 2 + 2 x "
+                               f"{max(3, r.repeats)} x {r.bench_steps} steps", "simple_cnn", 64,
+                               2 + 2 * max(3, r.repeats) * r.bench_steps, loop="plain", on_device=True),
                          Steps(f"section 4: .item() counted in Trainer runs of {r.bench_steps // 2} and "
                                f"{r.bench_steps} steps", "simple_cnn", 64, r.bench_steps // 2 + r.bench_steps,
                                on_device=True))),
