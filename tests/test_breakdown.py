@@ -30,10 +30,10 @@ def test_step_model_sums_each_ops_work_bound_plus_the_per_op_cost():
     ceil = fake_ceilings(rate=1e11, bandwidth=1e10, per_op=1e-5)
     counts = roofline.Counts([roofline.Op("mm", int(1e9), int(1e6), True), roofline.Op("add", 10, int(1e7))], 0)
     m = roofline.step_model(counts, ceil)
-    assert m["predicted"] == pytest.approx(0.01 + 0.001 + 2e-5)  # compute + memory + two ops' fixed cost
-    assert m["share"]["overhead"] == pytest.approx(2e-5 / m["predicted"]) and m["kind"] == "compute"
+    assert m.predicted == pytest.approx(0.01 + 0.001 + 2e-5)  # compute + memory + two ops' fixed cost
+    assert m.share["overhead"] == pytest.approx(2e-5 / m.predicted) and m.kind == "compute"
     emulated = roofline.step_model(counts, ceil, rate=1e10)  # a measured, slower rate for an emulated format
-    assert emulated["predicted"] == pytest.approx(0.1 + 0.001 + 2e-5)
+    assert emulated.predicted == pytest.approx(0.1 + 0.001 + 2e-5)
     assert "emulated: products at the measured 10.0 GFLOP/s" in roofline.explain("s", counts, ceil, [0.2], rate=1e10)
 
 
@@ -123,5 +123,5 @@ def test_a_tiny_step_broken_down_for_real_groups_the_profilers_time_by_the_count
     assert bd.ops["addmm"]["measured"] > 0 and "optimiser (Python)" in bd.overhead
     total = sum(r["measured"] for r in bd.ops.values()) + sum(bd.overhead.values())
     assert total == pytest.approx(bd.profiled, rel=1e-6) or bd.overhead[breakdown.PYTHON] == 0
-    assert bd.predicted == pytest.approx(roofline.step_model(bd.counts, fake_ceilings())["predicted"])
+    assert bd.predicted == pytest.approx(roofline.step_model(bd.counts, fake_ceilings()).predicted)
     assert breakdown.explain(bd, "tiny", fake_ceilings()).startswith("tiny: ")

@@ -91,12 +91,12 @@ def test_step_model_sums_each_ops_bound_and_shares_it_by_kind():
     counts = roofline.Counts([roofline.Op("mm", int(1e10), int(1e6), True), roofline.Op("add", 10, int(1e8)),
                               *[roofline.Op("tiny", 1, 4)] * 100], 0)
     m = roofline.step_model(counts, ceil)  # each op's work bound plus the fixed cost of every op
-    assert m["predicted"] == pytest.approx(0.1 + 0.01 + 102 * 1e-5 + 100 * 4 / 1e10)
-    assert m["kind"] == "compute" and m["share"]["memory"] == pytest.approx((0.01 + 400 / 1e10) / m["predicted"])
+    assert m.predicted == pytest.approx(0.1 + 0.01 + 102 * 1e-5 + 100 * 4 / 1e10)
+    assert m.kind == "compute" and m.share["memory"] == pytest.approx((0.01 + 400 / 1e10) / m.predicted)
     line = roofline.explain("step", counts, ceil, [0.2, 0.22, 0.25])
     assert "compute-bound" in line and "measured 220 ms" in line and "test machine" in line
     counts.matmul_flops = int(1e10)  # the mm's: pointwise FLOPs do not count towards the matmul ceiling
-    assert roofline.achieved(counts, 0.2, ceil)["fraction_of_ceiling"] == pytest.approx(1e10 / 0.2 / 1e11)
+    assert roofline.achieved(counts, 0.2, ceil).fraction_of_ceiling == pytest.approx(1e10 / 0.2 / 1e11)
 
 
 def test_a_format_not_measured_is_a_clear_error():
@@ -248,8 +248,8 @@ def test_layers_lists_each_leaf_layer_with_its_bound_and_the_plot_draws_one_roof
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
                               torch.nn.Linear(8 * 8 * 8, 10))
     rows = roofline.layers(net, torch.randn(4, 3, 8, 8), fake_ceilings(), min_run_time=0.001)
-    assert [r["type"] for r in rows] == ["Conv2d", "ReLU", "Linear"]  # Flatten is a view: no op, no row
-    assert all(r["kind"] in roofline.KINDS and r["measured"] > 0 for r in rows)
+    assert [r.type for r in rows] == ["Conv2d", "ReLU", "Linear"]  # Flatten is a view: no op, no row
+    assert all(r.kind in roofline.KINDS and r.measured > 0 for r in rows)
     assert len(roofline.layer_lines(rows)) == 1 + len(rows)
     ax = roofline.plot(fake_ceilings(), [("op", 1e6, 1e6, 1e-3)])
     assert len(ax.lines) == 1 and ax.get_xscale() == ax.get_yscale() == "log"

@@ -99,7 +99,7 @@ def measure(step: Callable[[], object], ceil: ceilings.Ceilings, *, fmt: str = "
                   "kind": max(row["work"], key=row["work"].get)} for name, row in model.items()}
     overhead = {name: s / steps for name, s in spent.items() if name != PYTHON}
     overhead[PYTHON] = max(0.0, profiled - sum(r["measured"] for r in ops.values()) - sum(overhead.values()))
-    predicted = roofline.step_model(counts, ceil, fmt, rate)["predicted"]
+    predicted = roofline.step_model(counts, ceil, fmt, rate).predicted
     return rows(Breakdown(ops, overhead, list(measured), profiled, predicted, ceil.hardware, counts, fmt, rate, steps))
 
 

@@ -80,7 +80,16 @@ def op_bound(op: Op, ceil: ceilings.Ceilings, fmt: str = "fp32", rate: float | N
                   "memory": memory if op.matmul else max(memory, kernel), "overhead": fixed})
 
 
-def step_model(counts: Counts, ceil: ceilings.Ceilings, fmt: str = "fp32", rate: float | None = None) -> dict:
+@dataclass(frozen=True)
+class StepModel:
+    """A step's predicted seconds (its ops' bounds summed), the share of them each bound holds, and the largest."""
+
+    predicted: float  # seconds
+    share: dict  # {"compute": fraction, "memory": fraction, "overhead": fraction}
+    kind: str  # compute, memory or overhead: the largest share
+
+
+def step_model(counts: Counts, ceil: ceilings.Ceilings, fmt: str = "fp32", rate: float | None = None) -> StepModel:
     """Each op against the ceilings of its class, one after another: an op's work takes the longer of its compute and
     its memory time, plus the fixed cost per op; predicted seconds are their sum, with the share of it spent bound by
     compute, memory and the per-op cost (overhead); `kind` is the largest share."""
@@ -91,8 +100,7 @@ def step_model(counts: Counts, ceil: ceilings.Ceilings, fmt: str = "fp32", rate:
         share["compute" if b.seconds["compute"] >= b.seconds["memory"] else "memory"] += work
         share["overhead"] += b.seconds["overhead"]
     total = sum(share.values())
-    return {"predicted": total, "share": {k: v / total for k, v in share.items()} if total else share,
-            "kind": max(share, key=share.get)}
+    return StepModel(total, {k: v / total for k, v in share.items()} if total else share, max(share, key=share.get))
 
 
 def ops(n: int) -> str:
@@ -107,31 +115,52 @@ def explain(name: str, counts: Counts, ceil: ceilings.Ceilings, measured: list[f
     `rate`: the products' measured FLOP/s where `fmt` has no native ceiling (emulated), on a line of its own."""
     m = step_model(counts, ceil, fmt, rate)
     med = statistics.median(measured)
-    shares = ", ".join(f"{m['share'][k]:.0%} {k}" for k in KINDS)
+    shares = ", ".join(f"{m.share[k]:.0%} {k}" for k in KINDS)
     spread = (f"{timing.duration(min(measured))}-{timing.duration(max(measured))}, {len(measured)} runs"
               if len(measured) > 1 else "a single run, no spread")
     emulated = [f"  {fmt} is emulated: products at the measured {timing.flop_rate(rate)}"] if rate else []
     return "\n".join([
         f"{name}: {verdict.number(counts.flops / 1e9)} GFLOP, {verdict.number(counts.bytes / 2**20)} MiB moved, "
         f"{ops(counts.n_ops)}, {verdict.number(counts.intensity)} FLOP/byte",
-        f"  {m['kind']}-bound against {ceil.hardware}'s {fmt} ceilings", *emulated,
+        f"  {m.kind}-bound against {ceil.hardware}'s {fmt} ceilings", *emulated,
         f"  predicted time by bound: {shares}",
-        f"  the model predicts {timing.duration(m['predicted'])}, measured {timing.duration(med)} (median; {spread}): "
-        f"{verdict.number(med / m['predicted'])}x the prediction"])
+        f"  the model predicts {timing.duration(m.predicted)}, measured {timing.duration(med)} (median; {spread}): "
+        f"{verdict.number(med / m.predicted)}x the prediction"])
 
 
-def achieved(counts: Counts, seconds: float, ceil: ceilings.Ceilings, fmt: str = "fp32") -> dict:
+@dataclass(frozen=True)
+class CeilingFraction:
+    """Products' achieved FLOP/s against this machine's measured ceiling: the rate, its fraction, the ceiling's name."""
+
+    flops_per_s: float
+    fraction_of_ceiling: float
+    ceiling: str  # e.g. "bf16 convolution ceiling"
+
+
+def achieved(counts: Counts, seconds: float, ceil: ceilings.Ceilings, fmt: str = "fp32") -> CeilingFraction:
     """Achieved FLOP/s of the matrix products and convolutions in `counts` (FlopCounterMode's total, as MFU counts)
     done in `seconds`, its fraction of the measured products' ceiling in `fmt` (Ceilings.rate) and that ceiling's
     name ("bf16 convolution ceiling": the faster of the square matmul and the models' convolution, which rate takes)."""
     rate, row = counts.matmul_flops / seconds, ceil.rows[ceil.rate_row(fmt)]
     kind = "convolution" if row.name.startswith("conv") else "matmul"
-    return {"flops_per_s": rate, "fraction_of_ceiling": rate / ceil.rate(fmt),
-            "ceiling": f"{fmt} {kind} ceiling"}
+    return CeilingFraction(rate, rate / ceil.rate(fmt), f"{fmt} {kind} ceiling")
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One leaf layer's forward: FLOPs, bytes, the bound it hits, predicted and measured (median) seconds."""
+
+    layer: str  # its name in net.named_modules()
+    type: str  # its class name
+    flops: float
+    bytes: float
+    kind: str  # compute, memory or overhead
+    predicted: float
+    measured: float
 
 
 def layers(net: torch.nn.Module, x: torch.Tensor, ceil: ceilings.Ceilings, fmt: str = "fp32",
-           min_run_time: float = 0.05) -> list[dict]:
+           min_run_time: float = 0.05) -> list[Layer]:
     """Per leaf layer of `net` on input x (forward only): FLOPs, bytes, bound, predicted and measured seconds
     (timing.time_calls, CUDA-synchronized on a GPU), in forward order."""
     inputs: dict[str, torch.Tensor] = {}
@@ -151,17 +180,17 @@ def layers(net: torch.nn.Module, x: torch.Tensor, ceil: ceilings.Ceilings, fmt: 
                 continue
             m = step_model(c, ceil, fmt)
             times = timing.time_calls(lambda mod=mod, inp=inputs[name]: mod(inp), min_run_time=min_run_time)
-            rows.append({"layer": name, "type": type(mod).__name__, "flops": c.flops, "bytes": c.bytes,
-                         "kind": m["kind"], "predicted": m["predicted"], "measured": statistics.median(times)})
+            rows.append(Layer(name, type(mod).__name__, c.flops, c.bytes, m.kind, m.predicted,
+                              statistics.median(times)))
     return rows
 
 
-def layer_lines(rows: list[dict]) -> list[str]:
+def layer_lines(rows: list[Layer]) -> list[str]:
     """The per-layer table as printed lines, six columns: each layer's measured time with its share of the total."""
-    total = sum(r["measured"] for r in rows)
+    total = sum(r.measured for r in rows)
     out = [f"{'layer (type)':<34}{'MFLOP':>9}{'MiB':>8}{'bound':>10}{'pred. ms':>10}{'measured ms':>18}"]
-    out += [f"{(r['layer'] + ' (' + r['type'] + ')')[:33]:<34}{r['flops'] / 1e6:>9.1f}{r['bytes'] / 2**20:>8.2f}"
-            f"{r['kind']:>10}{r['predicted'] * 1e3:>10.3f}{r['measured'] * 1e3:>11.3f} ({r['measured'] / total:>3.0%})"
+    out += [f"{(r.layer + ' (' + r.type + ')')[:33]:<34}{r.flops / 1e6:>9.1f}{r.bytes / 2**20:>8.2f}"
+            f"{r.kind:>10}{r.predicted * 1e3:>10.3f}{r.measured * 1e3:>11.3f} ({r.measured / total:>3.0%})"
             for r in rows]
     return out
 

@@ -24,5 +24,5 @@ def predict_speedup(ceil):
         with torch.no_grad():
             counts = roofline.count(net, torch.zeros(batch, 3, 32, 32))
         calls = len([m for m in net.modules() if not list(m.children())])  # leaf layers: one Python call each
-        return (roofline.step_model(counts, ceil)["predicted"] + calls * ceil.per_op) / batch
+        return (roofline.step_model(counts, ceil).predicted + calls * ceil.per_op) / batch
     return per_image(1) / per_image(BATCH)

@@ -47,4 +47,4 @@ def predict_step_seconds(ceil) -> float:
         loss.backward()
         opt.step()
     step()  # the momentum buffers exist from the second step on, as in training
-    return roofline.step_model(roofline.count(step, floors=True), ceil)["predicted"]
+    return roofline.step_model(roofline.count(step, floors=True), ceil).predicted

@@ -63,4 +63,4 @@ def predict_batch_seconds(ceil, batch_size: int) -> float:
     images = torch.zeros(4 * batch_size, 3, 32, 32, dtype=torch.uint8, device=device)  # stand-in decoded images
     batches = iter(Batches(images, torch.zeros(4 * batch_size, dtype=torch.long, device=device), batch_size))
     next(batches)  # the epoch's permutation, drawn once per epoch: not a batch's work
-    return roofline.step_model(roofline.count(lambda: next(batches), floors=True), ceil)["predicted"]
+    return roofline.step_model(roofline.count(lambda: next(batches), floors=True), ceil).predicted

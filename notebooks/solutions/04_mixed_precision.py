@@ -21,6 +21,6 @@ def predict_time_ratio(ceil) -> float:
     """Predicted time of this step over the plain step's: the model's forward time added once more."""
     net = models.ResNet9(width=8).train()
     x, y = torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
-    forward = roofline.step_model(roofline.count(lambda: net(x)), ceil)["predicted"]
-    step = roofline.step_model(roofline.count(lambda: F.cross_entropy(net(x), y).backward()), ceil)["predicted"]
+    forward = roofline.step_model(roofline.count(lambda: net(x)), ceil).predicted
+    step = roofline.step_model(roofline.count(lambda: F.cross_entropy(net(x), y).backward()), ceil).predicted
     return (step + forward) / step

@@ -27,4 +27,4 @@ def predict_speedup(ceil, x):
     eager = roofline.count(eager_chain, x)
     y, _ = activation(x)
     fused = roofline.fused(eager, [x] * 4, [y])  # three reductions' passes over x, then the pass that writes y
-    return roofline.step_model(eager, ceil)["predicted"] / roofline.step_model(fused, ceil)["predicted"]
+    return roofline.step_model(eager, ceil).predicted / roofline.step_model(fused, ceil).predicted

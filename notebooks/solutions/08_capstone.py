@@ -30,5 +30,5 @@ def augment(x, shifts, flips, pad=2):
 def predict_speedup(ceil, x, shifts, flips, pad=2):
     """The starter's predicted seconds over augment's, on the check's batch, from the ceilings alone."""
     def seconds(fn) -> float:
-        return roofline.step_model(roofline.count(fn, x, shifts, flips, pad, floors=True), ceil)["predicted"]
+        return roofline.step_model(roofline.count(fn, x, shifts, flips, pad, floors=True), ceil).predicted
     return seconds(per_image_augment) / seconds(augment)
