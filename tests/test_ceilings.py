@@ -82,3 +82,22 @@ def test_the_product_rate_is_the_faster_of_the_matmul_and_the_convolution():
     assert c.rate_row("fp32") == "conv fp32"  # the label names the ceiling rate takes (lesson 08's line)
     c.rows["conv fp32"] = row("conv fp32", "compute", 0.8e11)
     assert c.rate("fp32") == pytest.approx(1e11) and c.rate_row("fp32") == "matmul fp32"
+
+
+def test_a_smoke_measurement_takes_one_try_each_and_is_saved_even_when_noisy_for_smoke_runs_only(tmp_path,
+                                                                                                 monkeypatch):
+    """make test's smoke runs (notebooks side by side on a busy machine) measure each ceiling once and keep the file,
+    so later lessons load it instead of measuring again (issue 45); a full run neither reads it nor saves a noisy
+    one (test_roofline's retry test). Injected times, all noisy (3x)."""
+    monkeypatch.setenv(config.BUILD_ENV, str(tmp_path))
+    monkeypatch.setenv(config.SIZE_ENV, "smoke")
+    calls = []
+    busy = ceilings.measure("cpu", size="smoke", time_fn=lambda fn, min_run_time: calls.append(fn) or
+                            [0.01, 0.03, 0.01, 0.01])
+    assert len(calls) == len(busy.rows) and set(busy.noisy()) == set(busy.rows)  # one try each, flagged
+    assert ceilings.save(busy).exists()
+    measured = []
+    monkeypatch.setattr(ceilings, "measure", lambda device: measured.append(device) or fake())
+    assert ceilings.load("cpu").size == "smoke" and measured == []  # a smoke run reads it back
+    monkeypatch.setenv(config.SIZE_ENV, "full")
+    assert ceilings.load("cpu").size == "full" and measured == ["cpu"]  # a full run measures its own

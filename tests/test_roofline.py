@@ -142,12 +142,12 @@ def test_a_noisy_ceiling_is_remeasured_and_one_that_stays_noisy_is_not_saved(tmp
         seen.append(fn)
         return steady if seen.count(fn) > 1 else busy
 
-    found = ceilings.measure("cpu", size="smoke", time_fn=settles)
+    found = ceilings.measure("cpu", size="full", time_fn=settles)
     assert not found.noisy()
-    assert found.rows["matmul fp32"].best == pytest.approx(2 * ceilings.SMOKE_MATMUL_N**3 / 0.01)
+    assert found.rows["matmul fp32"].best == pytest.approx(2 * ceilings.MATMUL_N["cpu"]**3 / 0.01)
     assert ceilings.save(found).exists()
     calls = []
-    stays = ceilings.measure("cpu", size="smoke", time_fn=lambda fn, min_run_time: calls.append(fn) or busy)
+    stays = ceilings.measure("cpu", size="full", time_fn=lambda fn, min_run_time: calls.append(fn) or busy)
     assert len(calls) == (ceilings.RETRIES + 1) * len(stays.rows)  # every ceiling retried, then kept flagged
     assert set(stays.noisy()) == set(stays.rows) and all("NOISY" in line for line in stays.lines()[1:])
     with pytest.raises(ceilings.NoisyCeilings, match="competing for the cores"):
