@@ -86,10 +86,8 @@ def configs(batch: int) -> list[dict]:
          "data": {"num_workers": 8, "pin_memory": True, "persistent_workers": True, "augment": True}},
         {"name": "small CNN, GPU-resident data", "model": {"backbone": "simple_cnn"}, "device_data": True,
          "data": {"augment": True}},
-        {"name": "ResNet-9 fp32", "model": resnet, "device_data": True},
-        {"name": "ResNet-9 TF32", "model": resnet, "device_data": True, "tf32": True},
-        {"name": "ResNet-9 16-mixed", "model": resnet, "device_data": True, "precision": "16-mixed"},
-        {"name": "ResNet-9 bf16-mixed", "model": resnet, "device_data": True, "precision": "bf16-mixed"},
+        *({"name": f"ResNet-9 {c.name}", "model": resnet, "device_data": True, "tf32": c.tf32,
+           "precision": c.precision} for c in lessons.get("04_mixed_precision").configs),  # lesson 04's own
         {"name": "ResNet-9 bf16 + compile + channels_last", "device_data": True, "precision": "bf16-mixed",
          "model": {**resnet, "compile": True, "channels_last": True}},
         # a GPU without bf16 (a T4, compute capability 7.5) skips the bf16 rows; lesson 05's compile then runs in

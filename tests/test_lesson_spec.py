@@ -147,3 +147,14 @@ def test_sections_that_train_or_time_have_a_spec_section(path):
     missing = [heading for heading, subs, text in sections(path)
                if TRAINS_OR_TIMES.search(text) and not named & {heading, *subs}]
     assert not missing, f"add these sections to {path.stem}'s spec (course_lib/base/lessons.py): {missing}"
+
+
+def test_benchmark_configurations_come_from_the_spec():
+    """A lesson's benchmark configurations are its spec's: its notebook reads them (no literal of its own), and
+    gpu_check runs each on a GPU as 'ResNet-9 <name>'."""
+    from scripts import gpu_check
+
+    rows = {c["name"] for c in gpu_check.configs(64)}
+    for spec in (s for s in lessons.LESSONS if s.configs):
+        assert "lessons.get(LESSON).configs" in code(REPO / "notebooks" / f"{spec.name}.ipynb"), spec.name
+        assert {f"ResNet-9 {c.name}" for c in spec.configs} <= rows, spec.name

@@ -5,7 +5,18 @@ from __future__ import annotations
 
 import math
 
-from .workloads import SPLIT_IMAGES, Compile, HostFlops, HostSeconds, Images, Launches, Matmul, Run, Steps
+from .workloads import (
+    SPLIT_IMAGES,
+    Compile,
+    HostFlops,
+    HostSeconds,
+    Images,
+    Launches,
+    Matmul,
+    PrecisionConfig,
+    Run,
+    Steps,
+)
 
 #: lesson 02's epoch rows (each a median with its spread) and the Trainer's cost per step over the plain loop
 TRAINER_ROWS = ("ImageClassifierModule", "LitLeNet", "LitLeNet, barebones")
@@ -42,11 +53,10 @@ def tf32_products(r: Run) -> tuple:
                  for name, f in formats)
 
 
-def precision_rows(r: Run) -> tuple:
-    """04 section 4: each of CONFIGS the GPU runs natively: timed steps, a training run and a test pass."""
+def precision_rows(r: Run, configs: tuple[PrecisionConfig, ...]) -> tuple:
+    """04 section 4: each of its configurations the GPU runs natively: timed steps, a training run and a test pass."""
     width, bs, steps = r.channels(), 512, r.repeats * (5 + r.bench_steps)
-    configs = {"fp32": "fp32", "tf32": "tf32", "fp16-mixed": "fp16", "bf16-mixed": "bf16"}  # the notebook's CONFIGS
-    return tuple(work for name, f in configs.items() if r.native(f) for work in (
+    return tuple(work for name, f in ((c.name, c.format) for c in configs) if r.native(f) for work in (
         Steps(f"section 4: ResNet-9 w{width} batch {bs}, {name}, {steps} steps", "resnet9", bs, steps, precision=f,
               width=width, on_device=True),
         Steps(f"section 4: train {r.epochs} epochs, {name}", "resnet9", bs, r.epochs * r.epoch(bs), precision=f,

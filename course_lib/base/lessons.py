@@ -8,12 +8,16 @@ from __future__ import annotations
 
 from . import lesson_work as work
 from .lesson_work import TRAINER_ROWS_EPOCHS, TRAINER_ROWS_OVERHEAD
-from .spec import CPU, CPU_EMULATED_BF16, GPU, Lesson, Scale, Target, bench_scales
+from .spec import CPU, CPU_EMULATED_BF16, GPU, Lesson, PrecisionConfig, Scale, Target, bench_scales
 from .workloads import IMAGE_FLOATS, SPLIT_IMAGES, Compile, Copy, HostFlops, HostSeconds, Images, Matmul, Section, Steps
 
 __all__ = ["CPU", "CPU_EMULATED_BF16", "GPU", "Lesson", "Scale", "Target", "TRAINER_ROWS_EPOCHS",
            "TRAINER_ROWS_OVERHEAD", "LESSONS", "SCRIPTS", "BY_NAME", "get", "names"]
 
+
+#: lesson 04's training configurations (its notebook's CONFIGS; gpu_check's 'ResNet-9 <name>' rows)
+PRECISIONS = (PrecisionConfig("fp32"), PrecisionConfig("tf32", tf32=True),
+              PrecisionConfig("fp16-mixed", "16-mixed"), PrecisionConfig("bf16-mixed", "bf16-mixed"))
 
 # On a CPU, full sizes aim at about 10 minutes a lesson on 2 cores (a slow CPU takes longer: docs/results/
 # cpu-2core.md); on a GPU, full is the real thing. budget_s: the native-bf16 reference run's times x 1.5, 1,745 s in
@@ -75,10 +79,11 @@ LESSONS = (
                    Scale("full", CPU, train_subset=10_000, width=0.25, bench_steps=50),  # 16 channels
                    # emulated bf16 steps take about 12x fp32's on an AVX2 CPU: 04's bf16 rows get a fifth of the steps
                    Scale("full", CPU_EMULATED_BF16, train_subset=2_000, width=0.25, bench_steps=10)),
-           targets=(Target("ResNet-9 bf16-mixed", "ResNet-9 fp32", 2.0),),
+           configs=PRECISIONS, targets=(Target("ResNet-9 bf16-mixed", "ResNet-9 fp32", 2.0),),
            checks=("check_04_activation_memory",),
            sections=(Section("3. TF32: fp32 code, tensor-core speed", work.tf32_products),
-                     Section("4. Training: fp32 vs TF32 vs 16-mixed vs bf16-mixed", work.precision_rows),
+                     Section("4. Training: fp32 vs TF32 vs 16-mixed vs bf16-mixed",
+                             lambda r: work.precision_rows(r, PRECISIONS)),
                      Section("5. Memory for speed: accumulation and activation checkpointing", lambda r: (Steps(
                          "memory section: 3 step variants x 4 calls + 8 accumulated batches", "resnet9", 512,
                          3 * 4 + 8, loop="plain"),)))),  # MEM_WIDTH: 64 on a GPU

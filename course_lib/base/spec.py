@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from .workloads import Section
+from .workloads import PrecisionConfig, Section
 
 CPU, GPU = "cpu", "gpu"
 #: the device kind of a CPU without native bf16 instructions (hardware.CPU_BF16_FLAGS), for lessons that time bf16
@@ -48,6 +48,7 @@ class Lesson:
     budget_s: int | None = None  # seconds its full run may take on a CPU (config.lesson_budget)
     reference_s: tuple[int, int] | None = None  # make course's wall s on the reference CPUs: (native bf16, emulated)
     scales: tuple[Scale, ...] = ()
+    configs: tuple[PrecisionConfig, ...] = ()  # what its notebook benchmarks (and gpu_check runs on a GPU)
     targets: tuple[Target, ...] = ()  # what a GPU run of its benchmark rows must reach (scripts/gpu_check.py)
     checks: tuple[str, ...] = ()  # its exercises' checks, names in course_lib.exercises, in the notebook's order
     figures: tuple[str, ...] = ()  # figures (results.record names) its committed run must keep: the GPU estimator's

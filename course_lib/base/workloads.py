@@ -134,6 +134,20 @@ class Compile:
     hi: float
 
 
+@dataclass(frozen=True)
+class PrecisionConfig:
+    """A precision configuration a lesson benchmarks (and scripts/gpu_check.py runs on a GPU as 'ResNet-9 <name>'):
+    Lightning's precision name and whether TF32 is switched on."""
+    name: str
+    precision: str = "32-true"
+    tf32: bool = False
+
+    @property
+    def format(self) -> str:
+        """The number format its products run in: fp32, tf32, fp16 or bf16."""
+        return "tf32" if self.tf32 else {"32-true": "fp32", "16-mixed": "fp16", "bf16-mixed": "bf16"}[self.precision]
+
+
 Work = Union[Steps, Matmul, Copy, HostFlops, HostSeconds, Launches, Compile]
 
 
