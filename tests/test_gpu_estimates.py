@@ -99,3 +99,21 @@ def test_the_estimator_prices_the_specs_sections(est, full):
             run = est.run_of(lesson, e)
             work = [w for s in spec.sections for w in s.work(run)]
             assert [it.what for it in full[lesson][gpu][1][2:]] == [w.what for w in work], (lesson, gpu)
+
+
+def test_sections_read_only_figures_their_specs_name(est):
+    """Every committed figure a spec section reads is named in that lesson's spec (lessons.Lesson.figures), so the
+    committed runs keep it (test_lesson_spec checks they do)."""
+    import dataclasses
+
+    from course_lib.base import lessons
+
+    read = set()
+    for lesson in est.LESSONS:
+        for gpu in est.GPUS:
+            e = est.Estimator(gpu)
+            run = est.run_of(lesson, e)
+            spy = dataclasses.replace(run, figure=lambda name, fig, f=run.figure: read.add((name, fig)) or f(name, fig))
+            for section in lessons.get(lesson).sections:
+                section.work(spy)
+    assert read and all(fig in lessons.get(name).figures for name, fig in read), read
