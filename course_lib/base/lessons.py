@@ -97,6 +97,8 @@ LESSONS = (
                          f"bench: eager, compile, channels_last, reduce-overhead: 4 x {r.repeats} x "
                          f"{3 + r.bench_steps} steps", "simple_cnn", 64, 4 * r.repeats * (3 + r.bench_steps),
                          on_device=True),), note="with section 2's layout rows and section 5's reduce-overhead row"),
+                     Section("2. Memory layout and cuDNN autotuning",
+                             note="not counted: one eager step's breakdown (its rows run in section 1's bench)"),
                      Section("3. `zero_grad(set_to_none=True)` versus filling with zeros",
                              note="not counted: an MLP's hand-timed steps, 2 + 2 x REPEATS x STEPS (no MLP priced)"),
                      Section("4. The cost of one `.item()` per step", lambda r: (
@@ -170,6 +172,8 @@ LESSONS = (
                          *[r.figure("05_compile_and_tuning", "compile time, simple_cnn training step").value] * 2),)),
                      Section("8. The final recipe over several seeds, and its plain-PyTorch twin", lambda r: (
                          work.mixed_runs(r, f"rung 5, {work.airbench(r)['seeds']} seeds, twin, barebones", "runs"),)),
+                     Section("9. How close to the hardware's peak?",
+                             note="not counted: a step's FLOP count and its breakdown against the ceilings"),
                      Section("10. Step 6: Muon on the conv filters", lambda r: (  # seeds + a warm-up; 4 changes
                          work.mixed_runs(r, "rungs 6-7 (Muon, the record's changes)", "rungs", "about "),),
                              note="with section 11's runs"),
