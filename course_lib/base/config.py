@@ -81,7 +81,8 @@ class Budget:
         """One line for the lesson's configuration cell."""
         head = f"time budget {self.budget_s:.0f} s"
         if self.predicted_s is None:
-            return f"{head}; no full-size ceilings of this CPU saved yet (lesson 00 measures them): the listed size"
+            return (f"{head}; no full-size ceilings of this CPU saved yet (lesson 00 measures them), "
+                    "so it runs the listed full size")
         keep = ("it runs the listed full size" if self.fraction >= 1
                 else f"it keeps {self.fraction:.0%} of its images and timed steps")
         return (f"{head}; predicted {self.predicted_s:.0f} s at the listed size from this CPU's "

@@ -38,6 +38,12 @@ UNITS = {"compute": (1e9, "GFLOP/s"), "memory": (1e9, "GB/s"), "pointwise": (1e9
          "overhead": (1e-6, "µs per op")}  # printed units
 
 
+def unit_of(c: "Ceiling") -> tuple[float, str]:
+    """(scale, printed unit) of a ceiling: a compiled call's fixed cost is per call, an eager op's per op."""
+    scale, unit = UNITS.get(c.kind, UNITS["memory"])
+    return scale, unit.replace("per op", "per call") if "call" in c.name else unit
+
+
 @dataclass(frozen=True)
 class Ceiling:
     """One measured ceiling: a rate per timed block (FLOP/s or bytes/s), or seconds per op for the fixed cost."""
@@ -62,13 +68,13 @@ class Ceiling:
 
     def shown(self) -> tuple[float, str]:
         """(the best sustained figure in printed units, the unit): GFLOP/s, GB/s or µs per op."""
-        scale, unit = UNITS.get(self.kind, UNITS["memory"])
+        scale, unit = unit_of(self)
         return self.best / scale, unit
 
     def text(self) -> str:
         """'matmul fp32: 97.3 GFLOP/s (best sustained: fastest of 6 blocks; median 95.2, blocks 90.1-97.3;
         2048x2048)', with a noisy flag."""
-        scale, unit = UNITS.get(self.kind, UNITS["memory"])
+        scale, unit = unit_of(self)
         lo, hi = min(self.values) / scale, max(self.values) / scale
         flag = f"; NOISY, slowest/fastest block {spread_ratio(self):.1f}x > {NOISY:g}x" if noisy(self) else ""
         which = "cheapest" if self.kind == "overhead" else "fastest"
@@ -155,7 +161,7 @@ class Ceilings:
         """One row per ceiling for bench.show_rows: its best sustained figure, the median and range of its blocks
         (3 significant figures) and what was timed, a noisy one flagged."""
         def row(c: Ceiling) -> dict:
-            scale, unit = UNITS.get(c.kind, UNITS["memory"])
+            scale, unit = unit_of(c)
             lo, hi = (verdict.number(v / scale) for v in (min(c.values), max(c.values)))
             return {"ceiling": c.name, "best sustained": f"{verdict.number(c.best / scale)} {unit}",
                     "median (blocks: range)": f"{verdict.number(c.median / scale)} ({len(c.values)}: {lo}-{hi})"
