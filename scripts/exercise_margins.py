@@ -18,7 +18,7 @@ import sys
 
 from course_lib import exercises
 from course_lib.base import config, hardware
-from course_lib.exercises import Grading, inference
+from course_lib.exercises import Grade, Grading, inference
 from course_lib.measure import timing
 from course_lib.training import runs
 
@@ -40,7 +40,7 @@ PREDICTORS = {"01": "predict_speedup", "02": "predict_step_seconds", "03": "pred
               "04": "predict_time_ratio", "05": "predict_speedup", "07": "predict_speedup", "08": "predict_speedup"}
 
 
-def graded(lesson: str, fn, inputs: tuple, *, time_failing: bool) -> tuple[bool | None, list[dict], str]:
+def graded(lesson: str, fn, inputs: tuple, *, time_failing: bool) -> tuple[bool | None, list[Grade], str]:
     """(the check's verdict, its recorded grades, its printed output) for one learner function; an error is a
     verdict of None with the error as output (a starter that cannot even run, e.g. 05's graph break)."""
     check = EXERCISES[lesson][0]
@@ -55,12 +55,12 @@ def graded(lesson: str, fn, inputs: tuple, *, time_failing: bool) -> tuple[bool 
     return bool(verdict), grading.grades, out.getvalue()
 
 
-def ratio_text(grades: list[dict]) -> str:
+def ratio_text(grades: list[Grade]) -> str:
     """'2.31x (2.10-2.52)' of the main grade (the first), or 'not timed'."""
     if not grades:
         return "not timed"
     g = grades[0]
-    return f"{g['ratio']:.2f}x ({g['low']:.2f}-{g['high']:.2f})"
+    return f"{g.ratio:.2f}x ({g.low:.2f}-{g.high:.2f})"
 
 
 def row(lesson: str, size: str) -> tuple[str, float | None]:
@@ -79,14 +79,14 @@ def row(lesson: str, size: str) -> tuple[str, float | None]:
         last = [line for line in out.strip().splitlines() if line.strip()][-1:] or ["no output"]
         return f"| {lesson} | | {ratio_text(starter_grades)} | not timed | | FAIL: {last[0][:80]} | | {size} | |", None
     g = grades[0]
-    margin = g["ratio"] / g["target"]
-    others = "; ".join(f"{o['name']}: {o['ratio']:.2f}x / {o['target']:g}x" for o in grades[1:])
+    margin = g.ratio / g.target
+    others = "; ".join(f"{o.name}: {o.ratio:.2f}x / {o.target:g}x" for o in grades[1:])
     verdict = ("pass" if passed else "FAIL") + (f" (margin < {MIN_MARGIN})" if margin < MIN_MARGIN else "")
-    if starter_grades and starter_grades[0]["ratio"] >= g["target"]:
+    if starter_grades and starter_grades[0].ratio >= g.target:
         verdict += "; the STARTER reaches the bar"
-    return (f"| {lesson} | {g['target']:g}x {g['what']} | {ratio_text(starter_grades)} | {ratio_text(grades)} | "
-            f"{margin:.2f} | {verdict}{' (' + others + ')' if others else ''} | {g['hardware'] or hardware.label()} | "
-            f"{size} | {g['rounds']} rounds, {both.seconds:.0f} s |"), margin
+    return (f"| {lesson} | {g.target:g}x {g.what} | {ratio_text(starter_grades)} | {ratio_text(grades)} | "
+            f"{margin:.2f} | {verdict}{' (' + others + ')' if others else ''} | {g.hardware or hardware.label()} | "
+            f"{size} | {g.rounds} rounds, {both.seconds:.0f} s |"), margin
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -54,7 +54,7 @@ def test_grading_collects_grades_and_times_failing_code_only_when_asked(capsys):
     grading = Grading()
     grading.grade("Ex", [4.0, 3.0, 5.0], [2.0, 1.0, 2.0], target=3.0)
     assert grading.mechanism("Ex", ["a problem"]) is False
-    assert [(g["ratio"], g["low"], g["high"], g["passed"]) for g in grading.grades] == [(2.0, 2.0, 3.0, False)]
+    assert [(g.ratio, g.low, g.high, g.passed) for g in grading.grades] == [(2.0, 2.0, 3.0, False)]
     assert Grading(time_failing=True).mechanism("Ex", ["a problem"]) is True
     assert Grading().mechanism("Ex", ["a problem"]) is False
     assert "timed anyway" in capsys.readouterr().out

@@ -62,7 +62,7 @@ def test_01_solution_measured():
     in tests/test_exercise_checks.py (a loaded machine moves the measured ratio)."""
     grading = Grading()
     exercises.check_01_batching(solution("01_pytorch_baseline")["classify"], target=GENEROUS, grading=grading)
-    assert [g["passed"] for g in grading.grades] == [True]
+    assert [g.passed for g in grading.grades] == [True]
 
 
 # lesson 02: no measured run here. Its rounds are 35 LeNet steps of a few ms, and on a loaded 2-core machine their
@@ -77,7 +77,7 @@ def test_03_solution_measured():
     grading = Grading()
     exercises.check_03_data_wait(solution("03_gpu_and_data")["make_data"], target=GENEROUS, max_wait=0.9,
                                  grading=grading)
-    assert [g["passed"] for g in grading.grades] == [True]
+    assert [g.passed for g in grading.grades] == [True]
 
 
 def test_04_starter_pastes_and_shortcuts_fail_and_the_solution_passes():
@@ -111,7 +111,7 @@ def test_04_starter_pastes_and_shortcuts_fail_and_the_solution_passes():
     grading = Grading()
     assert exercises.check_04_activation_memory(sol["train_step"], sol["predict_time_ratio"], ceil=ceil, times=times,
                                                 grading=grading) is True
-    assert [g["passed"] for g in grading.grades] == [True]
+    assert [g.passed for g in grading.grades] == [True]
     assert exercises.check_04_activation_memory(sol["train_step"], None, ceil=ceil, times=times) is False
     wild = ([1.0, 1.0], [5 * ratio, 5 * ratio])
     assert exercises.check_04_activation_memory(sol["train_step"], sol["predict_time_ratio"], ceil=ceil,
@@ -134,7 +134,7 @@ def test_05_solution_measured():
     tests/test_exercise_checks.py (a loaded machine moves the measured ratio)."""
     grading = Grading()
     exercises.check_05_fusion(solution("05_compile_and_tuning")["activation"], target=GENEROUS, grading=grading)
-    assert [g["passed"] for g in grading.grades] == [True]
+    assert [g.passed for g in grading.grades] == [True]
 
 
 def pasted_all_reduce_gradients(model, world):
@@ -156,7 +156,7 @@ def test_06_solution_measured():
     grading = Grading()
     exercises.check_06_allreduce(solution("06_ddp")["average_gradients"], solution("06_ddp")["predict_speedup"],
                                  link=(2e-4, 1e9), target=GENEROUS, grading=grading)
-    assert grading.grades[0]["passed"]  # the measured bar; the prediction's grading: test_exercise_checks (injected)
+    assert grading.grades[0].passed  # the measured bar; the prediction's grading: test_exercise_checks (injected)
 
 
 def test_07_solution_measured_through_a_trained_network():
@@ -165,11 +165,11 @@ def test_07_solution_measured_through_a_trained_network():
     grading = Grading()
     exercises.check_07_inference(solution("07_quantization")["quantize"], net, calib, held_out,
                                  solution("07_quantization")["predict_speedup"], target=GENEROUS, grading=grading)
-    assert grading.grades[0]["passed"]  # the measured bar; the prediction's grading: test_exercise_checks (injected)
+    assert grading.grades[0].passed  # the measured bar; the prediction's grading: test_exercise_checks (injected)
 
 
 def test_08_solution_measured():
     """The measured bar; the prediction is graded with injected times in tests/test_exercise_pastes.py."""
     grading = Grading()
     exercises.check_08_batch_augment(solution("08_capstone")["augment"], target=GENEROUS, grading=grading)
-    assert [g["passed"] for g in grading.grades] == [True]
+    assert [g.passed for g in grading.grades] == [True]

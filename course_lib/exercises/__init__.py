@@ -9,13 +9,13 @@ from . import warmups
 from .allreduce import check_06_allreduce
 from .cells import exercise_cells, notebooks_folder, solution, starter
 from .compute import check_04_activation_memory, check_05_fusion
-from .core import Grading, forbidden, torch_calls
+from .core import Grade, Grading, forbidden, torch_calls
 from .datapath import check_03_data_wait, check_08_batch_augment
 from .inference import check_07_inference
 from .predict import check_00_prediction
 from .training import check_01_batching, check_02_trainer
 
-__all__ = ["Grading", "check_00_prediction", "check_01_batching", "check_02_trainer", "check_03_data_wait",
+__all__ = ["Grade", "Grading", "check_00_prediction", "check_01_batching", "check_02_trainer", "check_03_data_wait",
            "check_04_activation_memory", "check_05_fusion", "check_06_allreduce", "check_07_inference",
            "check_08_batch_augment", "exercise_cells", "forbidden", "notebooks_folder", "solution", "starter",
            "torch_calls", "warmups"]

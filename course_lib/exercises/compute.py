@@ -184,5 +184,5 @@ def check_05_fusion(fn: Callable, predict_speedup: Callable | None = None, *, ta
 
     ceil = ceil or ceilings.load(x.device.type, verbose=False)
     predicted = predict_speedup(ceil, x) if predict_speedup else None
-    told = grade_prediction("Exercise 1", predicted, grading.grades[-1]["ratio"], prediction_tolerance(ceil))
+    told = grade_prediction("Exercise 1", predicted, grading.grades[-1].ratio, prediction_tolerance(ceil))
     return bool(ok and fast and told)

@@ -20,15 +20,31 @@ from torch.overrides import TorchFunctionMode
 from ..measure import verdict
 
 
+@dataclass(frozen=True)
+class Grade:
+    """One grade() of measured costs: the ratio of medians (baseline / yours) against its target, and how firmly."""
+
+    name: str
+    ratio: float  # median(base) / median(mine)
+    mine: float  # the median of the learner's costs
+    low: float  # the lowest and highest per-round ratio
+    high: float
+    rounds: int
+    past: int  # rounds whose own ratio reaches the target
+    target: float
+    passed: bool
+    what: str  # what was measured, e.g. "time"
+    hardware: str | None
+
+
 @dataclass
 class Grading:
-    """How the checks grade, and what they graded: every grade() as a dict in `grades` (name, ratio, mine: the
-    median of the learner's costs, low, high, rounds, past, target, passed, what, hardware). time_failing=True lets a
+    """How the checks grade, and what they graded: every grade() as a Grade in `grades`. time_failing=True lets a
     check time code whose mechanism fails (how scripts/exercise_margins.py times starters). Each check takes one
     (keyword `grading`) and makes a fresh one when given none: nothing is kept between checks unless the caller
     holds it."""
     time_failing: bool = False
-    grades: list[dict] = field(default_factory=list)
+    grades: list[Grade] = field(default_factory=list)
 
     def grade(self, name: str, base: list[float], mine: list[float], target: float, *, what: str = "time",
               hardware: str | None = None) -> bool:
@@ -43,9 +59,8 @@ class Grading:
             raise ValueError(f"{name}: every {what} must be positive, got baseline {base}, yours {mine}.")
         ratio = statistics.median(base) / statistics.median(mine)
         got = verdict.against([b / m for b, m in zip(base, mine)], target, value=ratio)
-        self.grades.append({"name": name, "ratio": ratio, "mine": statistics.median(mine), "low": got.low,
-                            "high": got.high, "rounds": got.rounds,
-                            "past": got.past, "target": target, "passed": got.met, "what": what, "hardware": hardware})
+        self.grades.append(Grade(name, ratio, statistics.median(mine), got.low, got.high, got.rounds, got.past, target,
+                                 got.met, what, hardware))
         where = f" on {hardware}" if hardware else ""
         print(f"{name}: {'passed' if got.met else 'not yet'} ({what}: baseline / yours = {ratio:.2f}x, target >= "
               f"{target:g}x)")

@@ -195,6 +195,6 @@ def check_08_batch_augment(augment: Callable, predict_speedup: Callable | None =
                                hardware=hardware.label())
     ceil = ceil or ceilings.load(x.device.type, verbose=False)
     predicted = predict_speedup(ceil, x, shifts, flips, pad) if predict_speedup else None
-    told = grade_prediction("Exercise 2", predicted, grading.grades[-1]["ratio"],
+    told = grade_prediction("Exercise 2", predicted, grading.grades[-1].ratio,
                             prediction_tolerance(ceil, DATA_CEILINGS))
     return bool(fast and told)

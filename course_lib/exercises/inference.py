@@ -146,5 +146,5 @@ def check_07_inference(quantize: Callable, model, calibration: list, held_out, p
     fast = grading.ratio_check("Exercise 2", lambda: cost(served), lambda: cost(baseline), target, repeats=3,
                                what="latency at batch 64 against compiled fp32", hardware=hardware.label())
     ceil = ceil or ceilings.load("cpu", verbose=False)
-    told = prediction_07(predict_speedup, ceil, model, x64, grading.grades[-1]["ratio"])
+    told = prediction_07(predict_speedup, ceil, model, x64, grading.grades[-1].ratio)
     return bool(fast and agree >= min_agreement and told)

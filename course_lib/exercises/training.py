@@ -80,7 +80,7 @@ def check_01_batching(classify: Callable, predict_speedup: Callable | None = Non
                                lambda: timer(lambda: one_at_a_time(net, images)), target, repeats=3,
                                what=f"seconds to classify {len(images)} images", hardware=hardware.label())
     predicted = predict_speedup(ceil) if predict_speedup else None
-    told = grade_prediction("Exercise 1", predicted, grading.grades[-1]["ratio"], prediction_tolerance(ceil))
+    told = grade_prediction("Exercise 1", predicted, grading.grades[-1].ratio, prediction_tolerance(ceil))
     return bool(ok and fast and told)
 
 
@@ -203,7 +203,7 @@ def check_02_trainer(trainer_settings: Callable[[], dict], predict_step_seconds:
                                        lambda: _02_fit(trainer_settings, dm, steps)["seconds_per_image"],
                                        lambda: _02_fit(lambda: starter_02(scratch), dm, steps)["seconds_per_image"],
                                        target, repeats=5, what=what, hardware=label)  # short rounds: 5
-    mine = grading.grades[-1]["mine"] * EX02_BATCH  # seconds per step with your settings, the median round
+    mine = grading.grades[-1].mine * EX02_BATCH  # seconds per step with your settings, the median round
     ceil = ceil or ceilings.load("cuda" if hardware.gpu_count() else "cpu", verbose=False)
     predicted = predict_step_seconds(ceil) if predict_step_seconds else None
     told = grade_prediction("Exercise 3", predicted, mine, prediction_tolerance(ceil), "seconds per step",
