@@ -45,7 +45,7 @@ def max_diff(a: dict, b: dict) -> float:
 def test_ddp_matches_one_process_on_the_combined_batch(world):
     """k SGD steps of DDP, each rank on its slice of every batch, give the weights of one process on full batches."""
     steps, batch = 5, 16
-    ddp = parallel.ddp_train(world=world, steps=steps, batch=batch, seed=0)["state"]
+    ddp = parallel.ddp_train(world=world, steps=steps, batch=batch, seed=0).state
     xs, ys = parallel.toy_data(steps, batch, seed=0)
     one = parallel.train_steps(parallel.toy_model(seed=0), xs, ys).state_dict()
     assert max_diff(ddp, one) < 1e-6
@@ -74,9 +74,9 @@ def test_workers_survive_busy_cores(busy_cores, rounds):
     xs, ys = parallel.toy_data(steps, batch, seed=0)
     one = parallel.train_steps(parallel.toy_model(seed=0), xs, ys).state_dict()
     for _ in range(rounds):
-        assert max_diff(parallel.ddp_train(world=2, steps=steps, batch=batch, seed=0)["state"], one) < 1e-6
+        assert max_diff(parallel.ddp_train(world=2, steps=steps, batch=batch, seed=0).state, one) < 1e-6
         out = parallel.allreduce_train({"plain": parallel.average_per_tensor}, world=2, steps=steps, batch=batch)
-        assert max_diff(out["state"]["plain"], one) < 1e-6
+        assert max_diff(out.state["plain"], one) < 1e-6
 
 
 def test_course_sampler_under_ddp_gives_each_epoch_a_new_partition_and_repeats_it_on_restart():

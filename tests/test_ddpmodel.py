@@ -26,21 +26,21 @@ def test_a_tiny_all_reduce_slower_than_the_gradients_one_is_not_the_latency():
 
 def test_prediction_adds_sharing_latency_and_bytes():
     m = ddpmodel.predict(0.010, 250_000, 2, latency=1e-4, bandwidth=1e9, beside_ratio=1.3)
-    assert m["parts"]["sharing the cores"] == pytest.approx(0.003)
-    assert m["parts"]["all-reduce latency"] == pytest.approx(1e-4)  # one bucket: 250 kB under DDP's 25 MiB cap
-    assert m["parts"]["all-reduce bytes"] == pytest.approx(250_000 / 1e9)
-    assert m["step_s"] == pytest.approx(0.010 + 0.003 + 1e-4 + 2.5e-4)
-    assert m["efficiency"] == pytest.approx(0.010 / m["step_s"])
+    assert m.parts["sharing the cores"] == pytest.approx(0.003)
+    assert m.parts["all-reduce latency"] == pytest.approx(1e-4)  # one bucket: 250 kB under DDP's 25 MiB cap
+    assert m.parts["all-reduce bytes"] == pytest.approx(250_000 / 1e9)
+    assert m.step_s == pytest.approx(0.010 + 0.003 + 1e-4 + 2.5e-4)
+    assert m.efficiency == pytest.approx(0.010 / m.step_s)
     big = ddpmodel.predict(0.010, 60 * 2**20, 2, latency=1e-4, bandwidth=1e9)
-    assert big["parts"]["all-reduce latency"] == pytest.approx(3e-4)  # 60 MiB: three 25 MiB buckets
-    assert big["parts"]["sharing the cores"] == 0 and big["efficiency"] < 1
+    assert big.parts["all-reduce latency"] == pytest.approx(3e-4)  # 60 MiB: three 25 MiB buckets
+    assert big.parts["sharing the cores"] == 0 and big.efficiency < 1
 
 
 def test_ddps_measured_step_beyond_the_all_reduce_is_its_own_part():
     """What DDP's step took beyond the step beside the others, less the modelled all-reduce, is the hooks, the
     bucket copies and the wait for the slower rank; an all-reduce that cost more than DDP's whole extra adds nothing."""
     m = ddpmodel.predict(0.010, 250_000, 2, latency=1e-4, bandwidth=1e9, ddp_extra=0.003)
-    assert m["parts"]["DDP hooks, waits"] == pytest.approx(0.003 - 1e-4 - 2.5e-4)
-    assert m["step_s"] == pytest.approx(0.013) and m["efficiency"] == pytest.approx(0.010 / 0.013)
-    assert ddpmodel.predict(0.010, 250_000, 2, latency=1e-4, bandwidth=1e9, ddp_extra=1e-4)["parts"][
+    assert m.parts["DDP hooks, waits"] == pytest.approx(0.003 - 1e-4 - 2.5e-4)
+    assert m.step_s == pytest.approx(0.013) and m.efficiency == pytest.approx(0.010 / 0.013)
+    assert ddpmodel.predict(0.010, 250_000, 2, latency=1e-4, bandwidth=1e9, ddp_extra=1e-4).parts[
         "DDP hooks, waits"] == 0

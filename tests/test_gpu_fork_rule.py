@@ -94,9 +94,9 @@ def test_ddp_and_hand_written_allreduce_work_after_a_backward_in_this_process():
     steps, batch = 3, 16
     xs, ys = parallel.toy_data(steps, batch, seed=0)
     one = parallel.train_steps(parallel.toy_model(seed=0), xs, ys).state_dict()
-    ddp = parallel.ddp_train(world=2, steps=steps, batch=batch, seed=0)["state"]
+    ddp = parallel.ddp_train(world=2, steps=steps, batch=batch, seed=0).state
     res = parallel.allreduce_train({"flat": average_flat, "per tensor": parallel.average_per_tensor}, world=2,
                                    steps=steps, batch=batch)
-    for state in (ddp, res["state"]["flat"], res["state"]["per tensor"]):
+    for state in (ddp, res.state["flat"], res.state["per tensor"]):
         assert max((state[k] - one[k]).abs().max().item() for k in one) < 1e-6
-    assert len(res["comm_s"]["flat"]) == 1 and res["comm_s"]["flat"][0] > 0
+    assert len(res.comm_s["flat"]) == 1 and res.comm_s["flat"][0] > 0

@@ -13,7 +13,8 @@ EX06_MAX_CALL_SHARE = 1 / 4  # the learner's all-reduce calls per step, as a sha
 EX06_MAX_WEIGHT_DIFF = 1e-6  # against one process on the full batches
 
 
-def run_06(average_gradients: Callable, steps: int, rounds: int, *, world: int = 2, batch: int = EX06_BATCH) -> dict:
+def run_06(average_gradients: Callable, steps: int, rounds: int, *, world: int = 2,
+           batch: int = EX06_BATCH) -> parallel.AllReduceRun:
     """The per-tensor baseline and the learner's average_gradients (shipped by its source) on `world` spawned gloo
     processes training parallel.deep_mlp (parallel.allreduce_train, never a fork after a backward); rank 0's results."""
     try:
@@ -50,8 +51,8 @@ def check_06_allreduce(average_gradients: Callable, predict_speedup: Callable | 
     steps, rounds = max(4, config.run_size("06_ddp").bench_steps), 3 if measure else 1
     res = run_06(average_gradients, steps, rounds, world=world)
     one = parallel.train_one("deep", 0, steps, EX06_BATCH).state_dict()
-    diff = max((res["state"]["learner"][k] - one[k]).abs().max().item() for k in one)
-    base_calls, my_calls = res["calls_per_step"]["baseline"], res["calls_per_step"]["learner"]
+    diff = max((res.state["learner"][k] - one[k]).abs().max().item() for k in one)
+    base_calls, my_calls = res.calls_per_step["baseline"], res.calls_per_step["learner"]
     print(f"Exercise 3: all-reduce calls per step: yours {my_calls:g}, one per tensor {base_calls:g}\n"
           f"  weights against one process on the full batches: max |difference| {diff:.1e}")
     problems = []
@@ -66,10 +67,10 @@ def check_06_allreduce(average_gradients: Callable, predict_speedup: Callable | 
     ok = grading.mechanism("Exercise 3", problems)
     if not (ok and measure):
         return ok
-    base, mine = res["comm_s"]["baseline"], res["comm_s"]["learner"]
+    base, mine = res.comm_s["baseline"], res.comm_s["learner"]
     fast = grading.grade("Exercise 3", base, mine, target, what="all-reduce time per run",
                          hardware=f"{world} gloo CPU processes")
     if link is None:  # the lesson's measurement: a 4-byte all-reduce (latency) and one of the gradients' size
         nbytes = 4 * sum(p.numel() for p in parallel.deep_mlp().parameters())
-        link = ddpmodel.link(ddpmodel.measure(world, sizes=(4, nbytes))["allreduce_s"], world, nbytes)
+        link = ddpmodel.link(ddpmodel.measure(world, sizes=(4, nbytes)).allreduce_s, world, nbytes)
     return bool(ok and fast and prediction_06(predict_speedup, link, world, base, mine))

@@ -9,6 +9,7 @@ import os
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -51,8 +52,19 @@ def _cost_worker(rank: int, job: Job, sizes: tuple[int, ...], repeats: int) -> N
         dist.destroy_process_group()
 
 
+@dataclass(frozen=True)
+class Costs:
+    """What measure() timed: the median all-reduce seconds per size in bytes, and rank 0's seconds per step alone,
+    beside the other ranks and in DDP, one per round."""
+
+    allreduce_s: dict  # bytes -> seconds
+    alone_s: list
+    beside_s: list
+    ddp_s: list
+
+
 def measure(world: int = 2, sizes: tuple[int, ...] = SIZES, repeats: int = REPEATS, model: str = "lenet",
-            batch: int = 64, steps: int = 40) -> dict:
+            batch: int = 64, steps: int = 40) -> Costs:
     """In `world` spawned gloo workers: the median all-reduce seconds of each size in bytes ("allreduce_s": bytes
     -> s), and rank 0's seconds per training step of `model`: alone and with every rank stepping beside it, no
     communication ("alone_s", "beside_s"), and every rank stepping in DDP ("ddp_s": its all-reduces in backward, its
@@ -61,7 +73,7 @@ def measure(world: int = 2, sizes: tuple[int, ...] = SIZES, repeats: int = REPEA
         job = Job(world=world, store=f"{tmp}/store", out=Path(tmp) / "rank0.pt", steps=steps, batch=batch,
                   model=model, seed=0)
         mp.start_processes(_cost_worker, nprocs=world, start_method="spawn", join=True, args=(job, sizes, repeats))
-        return torch.load(job.out, weights_only=True)
+        return Costs(**torch.load(job.out, weights_only=True))
 
 
 def link(allreduce_s: dict, world: int, nbytes: float | None = None) -> tuple[float, float]:
@@ -82,8 +94,18 @@ def ring_bytes(grad_bytes: float, world: int) -> float:
     return 2 * (world - 1) / world * grad_bytes
 
 
+@dataclass(frozen=True)
+class Prediction:
+    """The modelled DDP step: seconds per part (compute, sharing the cores, all-reduce latency and bytes, DDP hooks
+    and waits), their sum, and the efficiency it predicts (one process's step over the sum)."""
+
+    parts: dict
+    step_s: float
+    efficiency: float
+
+
 def predict(step_s: float, grad_bytes: float, world: int, *, latency: float, bandwidth: float,
-            beside_ratio: float = 1.0, ddp_extra: float = 0.0) -> dict:
+            beside_ratio: float = 1.0, ddp_extra: float = 0.0) -> Prediction:
     """One process's step `step_s` on N processes: its compute slowed by `beside_ratio` (the step beside the others
     over alone), plus one latency per DDP bucket and the ring's bytes at `bandwidth`, plus what DDP's measured step
     (plain loop) took beyond the step beside the others and those two (`ddp_extra`: its hooks and bucket copies, and
@@ -94,4 +116,4 @@ def predict(step_s: float, grad_bytes: float, world: int, *, latency: float, ban
              "all-reduce bytes": ring_bytes(grad_bytes, world) / bandwidth}
     parts["DDP hooks, waits"] = max(0.0, ddp_extra - parts["all-reduce latency"] - parts["all-reduce bytes"])
     step = sum(parts.values())
-    return {"parts": parts, "step_s": step, "efficiency": step_s / step}
+    return Prediction(parts, step, step_s / step)

@@ -96,8 +96,16 @@ def _ddp_worker(rank: int, job: Job, bucket_cap_mb: float) -> None:
         dist.destroy_process_group()
 
 
+@dataclass(frozen=True)
+class DDPRun:
+    """Rank 0's weights after a DDP run (name -> tensor) and DDP's own statistics (its logging data: name -> value)."""
+
+    state: dict
+    ddp: dict
+
+
 def ddp_train(world: int = 2, steps: int = 5, batch: int = 16, model: str = "toy", seed: int = 0,
-              bucket_cap_mb: float = 25) -> dict:
+              bucket_cap_mb: float = 25) -> DDPRun:
     """Train with `world` gloo processes, each on its slice of every batch; rank 0's weights and DDP statistics.
 
     The workers are spawned (fresh interpreters running this module's _ddp_worker): safe whatever ran before here,
@@ -106,7 +114,7 @@ def ddp_train(world: int = 2, steps: int = 5, batch: int = 16, model: str = "toy
         job = Job(world=world, store=f"{tmp}/store", out=Path(tmp) / "rank0.pt", steps=steps, batch=batch,
                   model=model, seed=seed)
         mp.start_processes(_ddp_worker, nprocs=world, start_method="spawn", join=True, args=(job, bucket_cap_mb))
-        return torch.load(job.out, weights_only=True)
+        return DDPRun(**torch.load(job.out, weights_only=True))
 
 
 def deep_mlp(depth: int = 24, width: int = 32, seed: int = 0) -> nn.Module:
@@ -191,11 +199,19 @@ def _allreduce_worker(rank: int, job: Job, averages: dict, rounds: int) -> None:
         dist.destroy_process_group()
 
 
+@dataclass(frozen=True)
+class AllReduceRun:
+    """Rank 0's results per averaging function's name: seconds per round, all-reduce calls per step, final weights."""
+
+    comm_s: dict  # name -> [seconds per round]
+    calls_per_step: dict  # name -> dist.all_reduce calls per step
+    state: dict  # name -> weights
+
+
 def allreduce_train(averages: dict, world: int = 2, steps: int = 5, batch: int = 16, model: str = "toy",
-                    seed: int = 0, rounds: int = 1) -> dict:
+                    seed: int = 0, rounds: int = 1) -> AllReduceRun:
     """Train with `world` gloo processes, averaging gradients by hand with each function of `averages`
-    (name -> fn(model, world)); rank 0's {"comm_s": name -> seconds per round, "calls_per_step": name -> the
-    dist.all_reduce calls it made per step, "state": name -> weights}.
+    (name -> fn(model, world)); rank 0's AllReduceRun (seconds per round, all-reduce calls per step, weights).
     Workers are spawned as in ddp_train; a function defined in a notebook travels as its source (`portable`), so it
     may use modules (torch, dist, nn) but no other notebook globals."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -204,7 +220,7 @@ def allreduce_train(averages: dict, world: int = 2, steps: int = 5, batch: int =
         shipped = {name: portable(fn) for name, fn in averages.items()}
         mp.start_processes(_allreduce_worker, nprocs=world, start_method="spawn", join=True,
                            args=(job, shipped, rounds))
-        return torch.load(job.out, weights_only=True)
+        return AllReduceRun(**torch.load(job.out, weights_only=True))
 
 
 def autograd_device_threads() -> list[str]:
