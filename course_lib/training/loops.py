@@ -1,6 +1,8 @@
 """The plain-PyTorch training and evaluation loops that lesson 01 builds and lesson 02 races against Lightning."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -9,8 +11,19 @@ from .metrics import top1_accuracy
 from .optim import make_optimizer
 
 
+@dataclass(frozen=True)
+class Epoch:
+    """One epoch of train_plain: its index, mean training loss and accuracy, seconds and images per second."""
+
+    epoch: int
+    loss: float
+    acc: float
+    seconds: float
+    images_per_s: float
+
+
 def train_plain(model: nn.Module, loader, epochs: int, device: str = "cpu", label_smoothing: float = 0.0,
-                **opt_kwargs) -> list[dict]:
+                **opt_kwargs) -> list[Epoch]:
     """Train with the same optimiser and schedule as ImageClassifierModule; returns per-epoch loss and timing."""
     model.to(device).train()
     opt, sched = make_optimizer(model.parameters(), epochs * len(loader), **opt_kwargs)
@@ -33,8 +46,7 @@ def train_plain(model: nn.Module, loader, epochs: int, device: str = "cpu", labe
             acc.update(logits.detach(), y)
             seen += len(y)
         seconds = timer.seconds(start, timer.mark())
-        history.append({"epoch": epoch, "loss": (total_loss / seen).item(), "acc": acc.compute().item(),
-                        "seconds": seconds, "images_per_s": seen / seconds})
+        history.append(Epoch(epoch, (total_loss / seen).item(), acc.compute().item(), seconds, seen / seconds))
     return history
 
 
