@@ -131,7 +131,8 @@ def reconcile(bd: Breakdown) -> str:
     named = sum(r["measured"] for r in bd.ops.values()) / bd.profiled
     spread = (f"{timing.duration(min(bd.measured))}-{timing.duration(max(bd.measured))}, {len(bd.measured)} runs"
               if len(bd.measured) > 1 else "one run")
-    own = (f"so the profiler's own overhead is {timing.duration(bd.overhead_s)} ({bd.overhead_s / bd.step:.0%})"
+    own = ("the same: no profiler overhead measured" if timing.duration(bd.profiled) == timing.duration(bd.step)
+           else f"so the profiler's own overhead is {timing.duration(bd.overhead_s)} ({bd.overhead_s / bd.step:.0%})"
            if bd.overhead_s >= 0 else "faster than timed outside it: the machine was busier while timing")
     return "\n".join([
         f"- Per step: {timing.duration(bd.step)} timed outside the profiler (median; {spread})",
