@@ -118,7 +118,8 @@ GLOSSARY_TERMS = {
     "tensor-cores": re.compile(r"tensor.cores?", re.I), "pt2e": re.compile(r"PT2E"),
     "optimiser-closure": re.compile(r"\bclosures?\b", re.I), "sign-test": re.compile(r"sign test", re.I),
     "rank-sum-test": re.compile(r"rank-sum", re.I), "students-t": re.compile(r"Student's t\b"),
-    "mcnemars-test": re.compile(r"McNemar"),
+    "mcnemars-test": re.compile(r"McNemar"), "floor": re.compile(r"\bfloors?\b"),
+    "pt": re.compile(r"\d pt\b|percentage points?"), "ddp-cost-model": re.compile(r"DDP cost model"),
 }
 LINK = re.compile(r"\[([^\]]*)\]\(([^)\s]*)\)")
 

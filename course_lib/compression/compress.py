@@ -57,10 +57,15 @@ def int8_reduce_range() -> bool:
     return not hardware.cpu_int8_native()
 
 
+def int8_unit() -> str | None:
+    """This CPU's fastest int8 dot-product unit, as detected (amx_int8, avx512_vnni, avx_vnni), or None."""
+    return next((f for f in ("amx_int8", "avx512_vnni", "avx_vnni") if f in hardware.cpu_flags()), None)
+
+
 def int8_speed_line(ratio: float, baseline: str) -> str:
     """One short line on the measured int8 latency `ratio` (baseline's time over int8's), its why chosen by this CPU's
     int8 unit and by the measurement itself, so it holds on every CPU class: never 'barely wins' beside a win."""
-    unit = "VNNI/AMX here" if hardware.cpu_int8_native() else "no VNNI/AMX here"
+    unit = f"{int8_unit()} here" if int8_unit() else "no VNNI/AMX here"  # what the detected CPU has
     why = ("a quarter of the weight bytes" if ratio >= 1 + verdict.MIN_EFFECT else
            "the int8 conversions cost more than they saved" if ratio <= 1 / (1 + verdict.MIN_EFFECT) else "within 5 %")
     return f"compiled int8: {verdict.factor(ratio)} than {baseline} ({unit}; {why})"
