@@ -232,10 +232,10 @@ def passes_flops(passes: tuple[workloads.Images, ...]) -> float:
 def price(w: workloads.Work, e: Estimator) -> Item:
     """One record of a section's work as an Item on this GPU."""
     if isinstance(w, workloads.Steps):
-        return e.steps(w.what, w.net, w.batch, w.steps, train=w.train, precision=w.precision, loop=w.loop,
+        return e.steps(w.what, w.net, w.batch, w.steps, train=w.train, precision=w.fmt, loop=w.loop,
                        width=w.width, on_device=w.on_device)
     if isinstance(w, workloads.Matmul):
-        return e.matmul(w.what, w.n, w.calls, precision=w.precision)
+        return e.matmul(w.what, w.n, w.calls, precision=w.fmt)
     if isinstance(w, workloads.Copy):
         return e.copy(w.what, w.nbytes)
     if isinstance(w, workloads.HostFlops):

@@ -49,7 +49,7 @@ def tf32_products(r: Run) -> tuple:
     """04 section 3: 8192^3 products per format ("high" is TF32 where the GPU has it, else fp32)."""
     tf32 = "tf32" if "tf32" in r.formats else "fp32"
     formats = [("fp32", "fp32"), ('"high"', tf32), ("fp16", "fp16")] + ([("bf16", "bf16")] if r.native("bf16") else [])
-    return tuple(Matmul(f"section 3: 8192^3 products, warm-up + 20, {name} (at the {f} peak)", 8192, 21, precision=f)
+    return tuple(Matmul(f"section 3: 8192^3 products, warm-up + 20, {name} (at the {f} peak)", 8192, 21, fmt=f)
                  for name, f in formats)
 
 
@@ -57,11 +57,11 @@ def precision_rows(r: Run, configs: tuple[PrecisionConfig, ...]) -> tuple:
     """04 section 4: each of its configurations the GPU runs natively: timed steps, a training run and a test pass."""
     width, bs, steps = r.channels(), 512, r.repeats * (5 + r.bench_steps)
     return tuple(work for name, f in ((c.name, c.format) for c in configs) if r.native(f) for work in (
-        Steps(f"section 4: ResNet-9 w{width} batch {bs}, {name}, {steps} steps", "resnet9", bs, steps, precision=f,
+        Steps(f"section 4: ResNet-9 w{width} batch {bs}, {name}, {steps} steps", "resnet9", bs, steps, fmt=f,
               width=width, on_device=True),
-        Steps(f"section 4: train {r.epochs} epochs, {name}", "resnet9", bs, r.epochs * r.epoch(bs), precision=f,
+        Steps(f"section 4: train {r.epochs} epochs, {name}", "resnet9", bs, r.epochs * r.epoch(bs), fmt=f,
               width=width),
-        Steps(f"section 4: test, {name}", "resnet9", bs, r.eval_steps(bs), train=False, precision=f, width=width)))
+        Steps(f"section 4: test, {name}", "resnet9", bs, r.eval_steps(bs), train=False, fmt=f, width=width)))
 
 
 def gelu_and_compiles(r: Run) -> tuple:
@@ -99,7 +99,7 @@ def mixed_runs(r: Run, what: str, count: str, about: str = "") -> Steps:
     """08's full runs of AirNet in the precision policy's format, on the device: airbench's `count` of them."""
     a = airbench(r)
     return Steps(f"{what}: {a[count]} x {about}{r.epochs} epochs, {r.mixed}", "airnet", a["bs"], a[count] * a["steps"],
-                 precision="mixed", width=r.width, on_device=True)
+                 fmt="mixed", width=r.width, on_device=True)
 
 
 def capstone_tests(r: Run) -> tuple:
@@ -107,4 +107,4 @@ def capstone_tests(r: Run) -> tuple:
     a = airbench(r)
     tests = 4 + 6 * (a["runs"] + 1 + a["rungs"]) + 3
     return (Steps(f"tests: {tests} passes over the test split", "airnet", a["bs"], tests * r.eval_steps(a["bs"]),
-                  train=False, precision="mixed", width=r.width, on_device=True),)
+                  train=False, fmt="mixed", width=r.width, on_device=True),)

@@ -6,6 +6,7 @@ tests/test_lesson_spec.py fails where a notebook and its spec disagree. Imports 
 base.workloads and base.lesson_work, so every module may read it."""
 from __future__ import annotations
 
+from . import hardware
 from . import lesson_work as work
 from .lesson_work import TRAINER_ROWS_EPOCHS, TRAINER_ROWS_OVERHEAD
 from .spec import CPU, CPU_EMULATED_BF16, GPU, Lesson, PrecisionConfig, Scale, Target, bench_scales
@@ -17,7 +18,8 @@ __all__ = ["CPU", "CPU_EMULATED_BF16", "GPU", "Lesson", "Scale", "Target", "TRAI
 
 #: lesson 04's training configurations (its notebook's CONFIGS; gpu_check's 'ResNet-9 <name>' rows)
 PRECISIONS = (PrecisionConfig("fp32"), PrecisionConfig("tf32", tf32=True),
-              PrecisionConfig("fp16-mixed", "16-mixed"), PrecisionConfig("bf16-mixed", "bf16-mixed"))
+              *(PrecisionConfig(f"{hardware.number_format(p)}-mixed", p) for p in hardware.PRECISIONS
+                if p != hardware.BASELINE))  # fp16-mixed, bf16-mixed: hardware.py's names, in its order
 
 # On a CPU, full sizes aim at about 10 minutes a lesson on 2 cores (a slow CPU takes longer: docs/results/
 # cpu-2core.md); on a GPU, full is the real thing. budget_s: the native-bf16 reference run's times x 1.5, 1,745 s in

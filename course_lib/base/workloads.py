@@ -8,6 +8,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Union
 
+from . import hardware
+
 SPLIT_IMAGES = 50_000  # CIFAR-10's training JPEGs; lessons 01-07 carve 10 % validation and 10 % test from them
 IMAGE_FLOATS = 3 * 32 * 32  # one CIFAR-10 image, (3, 32, 32)
 
@@ -64,15 +66,16 @@ class Run:
 
 @dataclass(frozen=True)
 class Steps:
-    """`steps` steps of a net at `batch` images on the GPU (train: forward+backward, else forward). precision:
-    'default' (PyTorch's: TF32 convolutions where the GPU has them), 'mixed' (the policy's format) or a format;
-    loop: 'lightning' (the Trainer's per-step cost counts) or 'plain'; on_device: no host-to-device copy."""
+    """`steps` steps of a net at `batch` images on the GPU (train: forward+backward, else forward). fmt, the number
+    format its products run in: 'default' (PyTorch's: TF32 convolutions where the GPU has them), 'mixed' (the
+    policy's format) or a format; loop: 'lightning' (the Trainer's per-step cost counts) or 'plain'; on_device: no
+    host-to-device copy."""
     what: str
     net: str  # lenet | simple_cnn | resnet9 | airnet
     batch: int
     steps: int
     train: bool = True
-    precision: str = "default"
+    fmt: str = "default"
     loop: str = "lightning"
     width: float = 64  # resnet9's channels; airnet's widths as a fraction of models.WIDTHS; others have one width
     on_device: bool = False
@@ -84,7 +87,7 @@ class Matmul:
     what: str
     n: int
     calls: int
-    precision: str = "fp32"
+    fmt: str = "fp32"
 
 
 @dataclass(frozen=True)
@@ -139,13 +142,13 @@ class PrecisionConfig:
     """A precision configuration a lesson benchmarks (and scripts/gpu_check.py runs on a GPU as 'ResNet-9 <name>'):
     Lightning's precision name and whether TF32 is switched on."""
     name: str
-    precision: str = "32-true"
+    precision: str = hardware.BASELINE
     tf32: bool = False
 
     @property
     def format(self) -> str:
         """The number format its products run in: fp32, tf32, fp16 or bf16."""
-        return "tf32" if self.tf32 else {"32-true": "fp32", "16-mixed": "fp16", "bf16-mixed": "bf16"}[self.precision]
+        return "tf32" if self.tf32 else hardware.number_format(self.precision)
 
 
 Work = Union[Steps, Matmul, Copy, HostFlops, HostSeconds, Launches, Compile]
