@@ -1,5 +1,5 @@
-"""Class lists: a fit records the data's class names in the checkpoint; a head too small for the data fails before
-training, a head larger than the data warns."""
+"""Class lists: a module records the data's class names it is given (the CLI links them), in every checkpoint; a head
+too small for the data fails before training, a head larger than the data warns."""
 from __future__ import annotations
 
 import shutil
@@ -14,7 +14,8 @@ from course_lib.training.modules import ImageClassifierModule
 def fit_one_step(folder, tmp_path, num_classes: int) -> ImageClassifierModule:
     """One training step of LeNet on the folder; returns the module."""
     dm = CIFAR10DataModule(image_folder=str(folder), data_dir=str(tmp_path / "data"), batch_size=8)
-    module = ImageClassifierModule(num_classes=num_classes, schedule="constant")  # one step: no cycle to run
+    # the data's class names passed explicitly (the CLI links them): the module never reads the DataModule
+    module = ImageClassifierModule(num_classes=num_classes, schedule="constant", classes=dm.classes)  # one step
     L.Trainer(accelerator="cpu", max_steps=1, limit_val_batches=0, logger=False, enable_checkpointing=False,
               enable_progress_bar=False, enable_model_summary=False).fit(module, datamodule=dm)
     return module
@@ -32,7 +33,7 @@ def test_fewer_classes_than_outputs_warns_with_the_remedy(tiny_folder, tmp_path)
 
 
 def test_more_classes_than_outputs_fail_before_training(tmp_path, make_folder, cifar_folder):
-    """An 11-class folder on a 10-way head fails at setup naming the remedy (not IndexError: Target 10 ...)."""
+    """An 11-class folder on a 10-way head fails when the module is built, naming the remedy (not IndexError)."""
     from course_lib.data.data import CIFAR10_CLASSES
 
     folder = tmp_path / "eleven"

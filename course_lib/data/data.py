@@ -139,21 +139,32 @@ class CIFAR10DataModule(L.LightningDataModule):
     """CIFAR-10 (torchvision download), any <root>/<split>/<class>/*.jpg folder, or a saved .pt tensor file, chosen
     once here (sources.open_source); seeded splits (carve_splits). Normalised with CIFAR-10's statistics
     (normalize=False: [0, 1]). `batching` serves the splits: Loader() (default, a DataLoader), ondevice.OnDevice()
-    (the splits on the accelerator) or ondevice.Speedrun() (lesson 08's). The splits it reads are its own (`loaded`)."""
+    (the splits on the accelerator) or ondevice.Speedrun() (lesson 08's). The splits it reads are its own (`loaded`).
+    `classes`: the class names in label order, a trained model's (the CLI passes a checkpoint's): the data, and a
+    test_folder, are labelled through them by name; None: the source's own. It never reads the model."""
 
     def __init__(self, *, image_folder: str | None = None, data_dir: str | None = None, test_folder: str | None = None,
                  mirror_url: str | None = None, batch_size: int = 64, augment: bool = False, normalize: bool = True,
                  subset: int | None = None, eval_subset: int | None = None, val_fraction: float = 0.1,
-                 test_fraction: float = 0.1, seed: int = 0, batching: Batching | None = None):
+                 test_fraction: float = 0.1, seed: int = 0, batching: Batching | None = None,
+                 classes: list[str] | None = None):
         super().__init__()
         self.save_hyperparameters(ignore=["batching"])
         self.batching = batching if batching is not None else Loader()
         self.data_dir = Path(data_dir) if data_dir else config.data_root()
         self.source: Source = open_source(image_folder, data_dir=self.data_dir, mirror_url=mirror_url)
-        self.classes: list[str] = []
+        self._classes: list[str] | None = list(classes) if classes else None
         self.loaded = LoadedSplits()  # the splits it read, its own (runs.datamodule(loaded=...) shares one)
         self.resumed_rng_state: torch.Tensor | None = None  # from a checkpoint, for the next training loader
         self._test_source: tuple[Path | None, str] = (None, "test")  # the test images' folder (None: no files), split
+
+    @property
+    def classes(self) -> list[str]:
+        """The class names in label order: those given, else the source's own (listed, not decoded). The CLI links
+        them to the model's `classes` (LightningCLI link_arguments), so that every checkpoint records them."""
+        if self._classes is None:
+            self._classes = self.source.classes()
+        return self._classes
 
     def normalisation(self) -> tuple:
         """(mean, std) for data.to_float: CIFAR-10's per-channel statistics, or (None, None) for pixels in [0, 1]."""
@@ -185,17 +196,15 @@ class CIFAR10DataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         """Load the tensors and carve validation/test splits from training with a seeded generator (once: the
         splits never change), then let the batching strategy place them."""
-        hp, model_classes = self.hparams, self._model_classes()
+        hp = self.hparams
         if getattr(self, "train_set", None) is not None and not hp.test_folder:
-            return self._check_classes(model_classes, stage)
+            return
         if hp.test_folder and stage in ("test", "predict"):  # grading on foreign images needs no training data
-            self.classes = model_classes or self.source.classes()
             self.test_set = self._dataset(self._foreign_test(hp.test_folder), hp.eval_subset)
             self._test_source = (self._test_folder(), "test_folder")
             return self.batching.place(self)
         train = self._load("train")
-        self.classes = train["classes"]
-        self._check_classes(model_classes, stage)
+        self._check_classes(train["classes"])
         val, test = (self._own_split(split) for split in ("val", "test"))
         test_split = "test" if test is not None else "train"
         self._test_source = (self.source.folder(test_split), test_split)  # the files predict names, if any
@@ -208,13 +217,14 @@ class CIFAR10DataModule(L.LightningDataModule):
         self.test_set = self._dataset(test, hp.eval_subset)
         self.batching.place(self)
 
-    def _check_classes(self, model_classes: list[str] | None, stage: str | None) -> None:
-        """Refuse to evaluate a model on data whose classes are not the ones it was trained on."""
-        if model_classes and stage != "fit" and list(model_classes) != list(self.classes):
-            raise CourseError(f"The model was trained on classes {model_classes} but the data in "
-                              f"{self.hparams.image_folder or 'torchvision CIFAR-10'} have {self.classes}, so its "
+    def _check_classes(self, found: list[str]) -> None:
+        """Refuse data whose classes are not the given ones (a trained model's): its labels would be wrong."""
+        if list(found) != list(self.classes):
+            raise CourseError(f"The model was trained on classes {self.classes} but the data in "
+                              f"{self.hparams.image_folder or 'torchvision CIFAR-10'} have {list(found)}, so its "
                               f"labels would be wrong. Point COURSE_DATA (--data.image_folder) at data with the "
-                              f"model's classes, or grade a folder of class-named images with --data.test_folder.")
+                              f"model's classes, grade a folder of class-named images with --data.test_folder, or "
+                              f"train a new model on these data.")
 
     def _own_split(self, split: str) -> Split | None:
         """A val/test split read from the source's own folder (None where it has none), labelled through the training
@@ -239,16 +249,6 @@ class CIFAR10DataModule(L.LightningDataModule):
             raise MissingPathError(f"Test folder {folder} (test_folder=, CLI --data.test_folder) does not exist. "
                                    f"Pass a folder of <class>/*.jpg|png images whose class names the model knows.")
         return folder
-
-    def _model_classes(self) -> list[str] | None:
-        """The class names the trainer's model records (from its checkpoint), or None; checked against its head."""
-        hp = getattr(getattr(self.trainer, "lightning_module", None), "hparams", {}) if self.trainer else {}
-        classes, heads = hp.get("classes"), hp.get("num_classes")
-        if classes and heads is not None and len(classes) != heads:
-            raise CourseError(f"The model records {len(classes)} classes ({', '.join(classes)}) but its head has "
-                              f"{heads} outputs: the checkpoint is inconsistent. Retrain it, or pass the "
-                              f"{heads} class names with --model.classes.")
-        return list(classes) if classes else None
 
     def _foreign_test(self, folder: str) -> Split:
         """A <folder>/<class>/*.jpg test set whose class names are mapped onto the model's classes (self.classes)."""

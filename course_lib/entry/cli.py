@@ -9,95 +9,23 @@ import sys
 import threading
 from pathlib import Path
 
-import lightning as L
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from ..base import config, hardware, internals
+from ..base import config, hardware
 from ..base.errors import CourseError
 from ..data.data import CIFAR10DataModule
-from ..measure import timing
 from ..training import runs
 from ..training.modules import ImageClassifierModule
 from . import runfolder
 from .arguments import check_config_files, configs_first, given_settings, resume_command
+from .callbacks import EpochLines, StopAtStepEnd
 from .runfolder import run_checkpoints
 
 __all__ = ["CourseCLI", "CourseError", "EpochLines", "log_defaults", "main", "run_checkpoints"]
 
 DEBUG_ENV = "COURSE_DEBUG"  # set to 1 (or pass --debug) for the full traceback of the course's errors and all output
-
-
-class EpochLines(L.Callback):
-    """One line per epoch (time and logged metrics) instead of a progress bar, for logs written to a file."""
-
-    _watch: timing.Stopwatch | None = None  # the running epoch's, validation included
-    _resumed_at = 0  # batches of the first epoch done before a mid-epoch resume (its train metrics miss them)
-
-    def _print_finished_epoch(self, trainer) -> None:
-        """Print the epoch that just ended; its train metrics exist only once the module's epoch-end hook ran."""
-        if self._watch is not None:
-            metrics = " | ".join(f"{k} {v.item():.4g}" for k, v in sorted(trainer.callback_metrics.items()))
-            resumed = (f" | resumed: train metrics from batch {self._resumed_at + 1} on"
-                       if self._resumed_at else "")
-            print(f"epoch {trainer.current_epoch}/{trainer.max_epochs} | {self._watch.elapsed():.1f} s "
-                  f"with validation | {metrics}{resumed}", flush=True)
-            self._resumed_at = 0
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        done = internals.epoch_batch_progress(trainer).completed if trainer.ckpt_path else 0
-        self._resumed_at = done if 0 < done < trainer.num_training_batches else 0
-        # no epoch-start hook for a resumed epoch: its watch starts here
-        self._watch = timing.Stopwatch(pl_module.device).start() if self._resumed_at else None
-
-    def on_train_epoch_start(self, trainer, pl_module) -> None:
-        if self._watch is not None:
-            self._print_finished_epoch(trainer)  # current_epoch already counts the finished one
-        self._watch = timing.Stopwatch(pl_module.device).start()
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        self._print_finished_epoch(trainer)
-        self._watch = None
-
-
-class StopAtStepEnd(L.Callback):
-    """Ctrl+C (SIGINT) ends a fit the way Lightning ends one on SIGTERM: after the step in progress, so that last.ckpt
-    holds a state that resumes exactly. A second Ctrl+C stops at once. Records which signal stopped the run."""
-
-    def __init__(self):
-        self.signum: int | None = None  # the signal that stopped the run, once one did
-        self.stopped_at: str = ""  # where, e.g. "epoch 2/3, step 17"
-        self._previous = None
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        self.signum = None
-        self._previous = signal.signal(signal.SIGINT, self._on_sigint)  # Lightning already handles SIGTERM
-
-    def _on_sigint(self, signum, frame) -> None:
-        if self.signum is not None:  # pressed twice: the user wants out now
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            raise KeyboardInterrupt
-        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):  # Lightning's handler absent (Windows)
-            raise KeyboardInterrupt
-        self.signum = signum
-        print("\nCtrl+C: stopping after this step and saving last.ckpt (press Ctrl+C again to stop at once) ...",
-              file=sys.stderr, flush=True)
-        signal.raise_signal(signal.SIGTERM)  # Lightning's own graceful stop at the end of the step
-
-    def on_exception(self, trainer, pl_module, exception) -> None:
-        if isinstance(exception, (SIGTERMException, KeyboardInterrupt)):
-            self.signum = self.signum or signal.SIGTERM
-            self.stopped_at = f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}, step {trainer.global_step}"
-        self._restore()
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        self._restore()
-
-    def _restore(self) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
 
 
 def log_defaults(interactive: bool) -> dict:
@@ -135,6 +63,9 @@ class CourseCLI(LightningCLI):
                             help="outputs go to $COURSE_BUILD/runs/<run_name> (default build/ in the checkout)")
         parser.add_argument("--debug", action="store_true",
                             help=f"tracebacks, and the notices and warnings the CLI hides (or set {DEBUG_ENV}=1)")
+        # the class names: the DataModule's (a checkpoint's, else its source's) become the model's, so every checkpoint
+        # records them; neither class reads the other (a checkpoint's reach the data in _data_from_checkpoint)
+        parser.link_arguments("data.classes", "model.classes", apply_on="instantiate")
         try:
             parser.set_defaults(runs.cli_defaults())
         except CourseError as err:  # raised once the arguments are parsed, so that --debug applies and --help works
@@ -169,7 +100,13 @@ class CourseCLI(LightningCLI):
 
     def _data_from_checkpoint(self, cfg, ckpt: dict, explicit: set[str]) -> None:
         """The settings that choose the held-out images (SPLIT_KEYS) come from the checkpoint, so that test and
-        validate grade on images the model never trained on; a flag or config that contradicts them is refused."""
+        validate grade on images the model never trained on; a flag or config that contradicts them is refused. The
+        class names the model records label the data (--data.classes, which the CLI links to the model's)."""
+        trained_on = (ckpt.get("hyper_parameters") or {}).get("classes")
+        if trained_on and "classes" in explicit and list(cfg.data.classes or []) != list(trained_on):
+            raise CourseError(f"--data.classes {cfg.data.classes} contradicts {cfg.ckpt_path}, whose model was "
+                              f"trained on {list(trained_on)} (its outputs follow that order). Drop --data.classes.")
+        cfg.data.classes = list(trained_on) if trained_on else cfg.data.get("classes")
         if cfg.data.get("test_folder") and self.config.subcommand != "fit":
             return  # a foreign folder is graded whole: no split is carved
         recorded = ckpt.get("datamodule_hyper_parameters") or {}
@@ -217,10 +154,10 @@ class CourseCLI(LightningCLI):
         hardware.check_devices(trainer.accelerator, trainer.devices)
         trainer.precision = self._checked_precision(trainer.precision, trainer.accelerator)
         self._check_explicit_model_flags(cfg)
-        if self.subcommand in ("test", "validate", "predict") and cfg.data.get("test_folder") and not cfg.model.classes:
+        if self.subcommand in ("test", "validate", "predict") and cfg.data.get("test_folder") and not cfg.data.classes:
             raise CourseError(f"{cfg.get('ckpt_path') or 'This model'} records no class names, so the folders of "
                               f"{cfg.data.test_folder} cannot be mapped to its outputs. Name them in the order the "
-                              f"model was trained on, e.g. --model.classes '[airplane, cat, ship]', or pass a "
+                              f"model was trained on, e.g. --data.classes '[airplane, cat, ship]', or pass a "
                               f"checkpoint written by this course's fit (it records them).")
         if cfg.data.batch_size < 1:
             raise CourseError(f"--data.batch_size {cfg.data.batch_size}: a batch needs at least one image. Pass a "

@@ -101,10 +101,24 @@ class ClassifierSystem(L.LightningModule):
         self._barebones_epoch_end("test")
 
 
+def check_classes(classes: list[str] | None, num_classes: int) -> None:
+    """More class names than the head has outputs fail; fewer train, with a warning (the other outputs go unused)."""
+    if not classes or len(classes) == num_classes:
+        return
+    message = (f"The training data have {len(classes)} classes ({', '.join(classes)}) but the model's head has "
+               f"num_classes={num_classes} outputs. Pass num_classes={len(classes)} (CLI: "
+               f"--model.num_classes {len(classes)}).")
+    if len(classes) > num_classes:
+        raise CourseError(message)
+    warnings.warn(message + " Its other outputs are never a right answer; grading it on a test folder will be "
+                  "refused.", stacklevel=3)
+
+
 class ImageClassifierModule(ClassifierSystem):
     """Any backbone with SGD or AdamW and a one-cycle schedule: lessons 02-07's training system. All settings but the
     backbone are keyword-only, by default LeNet's recipe (optim.LENET); LightningCLI sets each from YAML or a flag
-    (--model.lr 0.1)."""
+    (--model.lr 0.1). `classes`: the data's class names in label order, recorded in every checkpoint (the CLI links
+    them from the DataModule; in Python pass datamodule.classes): the module never reads the DataModule."""
 
     def __init__(self, backbone: str | nn.Module = "lenet", *, num_classes: int = 10,
                  optimizer: str = LENET.optimizer, lr: float = LENET.lr, momentum: float = LENET.momentum,
@@ -117,30 +131,11 @@ class ImageClassifierModule(ClassifierSystem):
                               f"got {optimizer!r} and {schedule!r}.")
         if isinstance(backbone, str) and backbone not in MODELS:  # models.py imports torch alone: the check is here
             raise CourseError(f"Unknown model {backbone!r}; choose one of {sorted(MODELS)}.")
+        check_classes(classes, num_classes)
         net = backbone if isinstance(backbone, nn.Module) else build_model(backbone, num_classes=num_classes)
         super().__init__(net, num_classes, label_smoothing, channels_last, compile)
         # an nn.Module backbone is not a hyperparameter: reloading a checkpoint then needs it passed again
         self.save_hyperparameters(ignore=["backbone"] if isinstance(backbone, nn.Module) else None)
-
-    def setup(self, stage: str) -> None:
-        """At fit, record the data's class names in the hyperparameters, so every checkpoint carries the index of each
-        class. More classes than the head has outputs fail; fewer are trained, with a warning (outputs go unused)."""
-        classes = getattr(self.trainer.datamodule, "classes", None)
-        if stage != "fit" or not classes:
-            return
-        hp = self.hparams
-        if len(classes) != hp.num_classes:
-            message = (f"The training data have {len(classes)} classes ({', '.join(classes)}) but the model's head has "
-                       f"num_classes={hp.num_classes} outputs. Pass num_classes={len(classes)} (CLI: "
-                       f"--model.num_classes {len(classes)}).")
-            if len(classes) > hp.num_classes:
-                raise CourseError(message)
-            warnings.warn(message + " Its other outputs are never a right answer; grading it on a test folder "
-                          "will be refused.", stacklevel=2)
-        if hp.classes is not None and list(hp.classes) != list(classes):
-            raise CourseError(f"The model was trained on classes {list(hp.classes)} but these data have {classes}. "
-                              f"Train it on data with the same classes, or start a new model.")
-        hp.classes = list(classes)
 
     def configure_optimizers(self):
         hp = self.hparams
