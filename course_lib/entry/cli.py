@@ -159,6 +159,11 @@ class CourseCLI(LightningCLI):
                               f"{cfg.data.test_folder} cannot be mapped to its outputs. Name them in the order the "
                               f"model was trained on, e.g. --data.classes '[airplane, cat, ship]', or pass a "
                               f"checkpoint written by this course's fit (it records them).")
+        named, heads = len(cfg.data.get("classes") or []), cfg.model.num_classes
+        if self.subcommand in ("test", "validate", "predict") and cfg.data.get("test_folder") and named != heads:
+            raise CourseError(f"The model records {named} class names but its head has {heads} outputs, so the "
+                              f"folders of {cfg.data.test_folder} cannot be graded on it. Retrain it with "
+                              f"--model.num_classes {named}, or name its {heads} classes with --data.classes.")
         if cfg.data.batch_size < 1:
             raise CourseError(f"--data.batch_size {cfg.data.batch_size}: a batch needs at least one image. Pass a "
                               f"positive size, e.g. --data.batch_size 64.")
