@@ -92,9 +92,9 @@ def test_log_defaults_keep_the_progress_bar_in_a_terminal():
 
 @MOVED_RUN
 def test_test_on_foreign_folder_reports_accuracy(cli, tiny_folder, course_env, capsys):
-    """test --ckpt_path last.ckpt --data.test_folder grades the checkpoint and prints test_acc."""
+    """test --ckpt_path last.ckpt --test_folder grades the checkpoint and prints test_acc."""
     code, out, err, _ = run_main(capsys, "test", "--config", LENET, "--ckpt_path", str(cli["last"]),
-                                 "--data.test_folder", str(tiny_folder / "train"))
+                                 "--test_folder", str(tiny_folder / "train"))
     assert code == 0, err[-2000:]
     assert "test_acc" in out and "test_loss" in out
 
@@ -131,7 +131,7 @@ def test_test_folder_graded_by_the_checkpoints_classes_whatever_course_data_says
     and at a 2-class cat/ship folder: the labels come from the classes the checkpoint records, not COURSE_DATA's."""
     foreign = make_folder(tmp_path / "foreign", classes=("cat", "ship"), per_class=10)
     other = make_folder(tmp_path / "other" / "train", classes=("cat", "ship"), per_class=4).parent
-    args = ["test", "--config", LENET, "--ckpt_path", str(cli["last"]), "--data.test_folder", str(foreign)]
+    args = ["test", "--config", LENET, "--ckpt_path", str(cli["last"]), "--test_folder", str(foreign)]
     same = main(args).trainer.callback_metrics
     monkeypatch.setenv("COURSE_DATA", str(other))
     moved = main(args).trainer.callback_metrics
@@ -144,7 +144,7 @@ def test_test_folder_with_a_class_the_checkpoint_lacks_is_refused(cli, make_fold
     """A test folder with a class the model never learned fails, naming it, without a traceback."""
     foreign = make_folder(tmp_path / "foreign", classes=("cat", "dog"), per_class=2)
     code, _, err, _ = run_main(capsys, "test", "--config", LENET, "--ckpt_path", str(cli["last"]),
-                               "--data.test_folder", str(foreign))
+                               "--test_folder", str(foreign))
     assert code == 1 and "dog" in err and "Traceback" not in err
 
 
@@ -163,6 +163,15 @@ def test_failed_fit_prints_the_message_alone_and_leaves_no_empty_run_folder(make
     assert not list(course_env.rglob("version_*"))
     with pytest.raises(CourseError, match="--model.num_classes 11"):
         main(["fit", "--config", LENET, "--debug"])  # the same run folder: the failed fit released it
+
+
+def test_test_folder_is_the_cli_argument_of_test_and_predict_only(course_env, capsys):
+    """--test_folder (the CLI's own argument, never the DataModule's) is refused by validate, naming test and
+    predict; the DataModule has no such setting."""
+    code, _, err, _ = run_main(capsys, "validate", "--config", LENET, "--test_folder", "my_images")
+    assert code == 1 and "`test`" in err and "`predict`" in err and "Traceback" not in err
+    code, _, err, _ = run_main(capsys, "test", "--config", LENET, "--data.test_folder", "my_images")
+    assert code == 2  # a parser error: no such DataModule setting
 
 
 def test_16_mixed_on_a_cpu_is_an_error_not_a_silent_bf16_run(capsys):

@@ -187,7 +187,7 @@ def trained(runs, monkeypatch):
 def test_predict_writes_a_csv_in_the_run_folder_and_says_where(trained, tiny_folder, monkeypatch, capsys):
     monkeypatch.setenv("COURSE_DATA", str(tiny_folder))
     code, out, err = run_main(capsys, "predict", "--config", LENET, "--ckpt_path", str(trained),
-                              "--data.test_folder", str(tiny_folder / "train"))
+                              "--test_folder", str(tiny_folder / "train"))
     assert code == 0, err[-2000:]
     path = trained.parents[1] / "predictions.csv"
     assert str(path) in out

@@ -16,6 +16,7 @@ from course_lib.data.data import (
     Split,
     augment_batch,
     carve_splits,
+    class_folder_split,
     relabel,
     split_indices,
     to_float,
@@ -387,31 +388,35 @@ def test_train_loader_reshuffles_each_epoch(tiny_folder, tmp_path):
 
 # ---- foreign test folders --------------------------------------------------------------------------------------
 
+def held_out(dm: CIFAR10DataModule, folder: Path, tmp_path: Path) -> CIFAR10DataModule:
+    """dm testing on `folder` (a <class>/*.jpg folder) as the CLI's --test_folder does: the path stays out of dm."""
+    dm.hold_out(*class_folder_split(folder, dm.classes, tmp_path / "data" / "cache"))
+    return dm
+
+
 def test_test_folder_with_unknown_class_raises(tiny_folder, make_folder, tmp_path):
     """A test folder with a class the model never saw raises ValueError naming the class."""
     foreign = make_folder(tmp_path / "foreign", classes=("cat", "dog"), per_class=2)
-    dm = tiny_dm(tiny_folder, tmp_path, test_folder=str(foreign))
     with pytest.raises(ValueError, match="dog"):
-        dm.setup("test")
+        held_out(tiny_dm(tiny_folder, tmp_path), foreign, tmp_path)
 
 
 def test_test_folder_classes_mapped_onto_training_classes(tiny_folder, make_folder, tmp_path):
-    """Test-folder class names map to the training class indices, not to their own alphabetical order."""
+    """Test-folder class names map to the training class indices, not to their own alphabetical order; its files
+    name the predictions."""
     foreign = make_folder(tmp_path / "foreign", classes=("cat",), per_class=3)
     make_folder(foreign, classes=("ship",), per_class=5)  # foreign order cat=0, ship=1; training cat=1, ship=2
-    dm = tiny_dm(tiny_folder, tmp_path, test_folder=str(foreign))
+    dm = held_out(tiny_dm(tiny_folder, tmp_path), foreign, tmp_path)
     dm.setup("test")
     assert dm.classes == ["airplane", "cat", "ship"]
     assert sorted(dm.test_set.labels.tolist()) == [1] * 3 + [2] * 5
-    dm = tiny_dm(tiny_folder, tmp_path, test_folder=str(foreign))
-    dm.setup("fit")  # the foreign folder also replaces the carved test split during fit
-    assert sorted(dm.test_set.labels.tolist()) == [1] * 3 + [2] * 5
+    assert all(Path(name).parent.parent == foreign for name in dm.test_names())
 
 
 def test_test_folder_without_training_data_uses_cifar_classes(make_folder, tmp_path):
     """With the torchvision source, grading a foreign folder needs no download and maps to CIFAR-10 indices."""
     foreign = make_folder(tmp_path / "foreign", classes=("cat", "ship"), per_class=2)
-    dm = CIFAR10DataModule(image_folder=None, data_dir=str(tmp_path / "data"), test_folder=str(foreign))
+    dm = held_out(CIFAR10DataModule(image_folder=None, data_dir=str(tmp_path / "data")), foreign, tmp_path)
     dm.setup("test")
     assert sorted(dm.test_set.labels.tolist()) == [3, 3, 8, 8]
     assert not (tmp_path / "data" / "cifar-10-batches-py").exists()
@@ -424,7 +429,7 @@ def test_test_folder_labelled_by_the_models_classes_not_the_data_source(tiny_fol
     other = make_folder(tmp_path / "other" / "train", classes=("cat", "ship"), per_class=2).parent
     labels = []
     for source in (tiny_folder, other):
-        dm = tiny_dm(source, tmp_path, test_folder=str(foreign), classes=["airplane", "cat", "ship"])
+        dm = held_out(tiny_dm(source, tmp_path, classes=["airplane", "cat", "ship"]), foreign, tmp_path)
         dm.setup("test")
         labels.append(sorted(dm.test_set.labels.tolist()))
     assert labels[0] == labels[1] == [1, 1, 2, 2]
@@ -439,10 +444,9 @@ def test_carved_test_split_of_other_classes_than_the_models_is_refused(make_fold
 
 
 def test_missing_test_folder_names_the_test_folder(tiny_folder, tmp_path):
-    """A --data.test_folder that does not exist is named as the test folder, not blamed on COURSE_DATA."""
-    dm = tiny_dm(tiny_folder, tmp_path, test_folder=str(tmp_path / "nope"))
-    with pytest.raises(FileNotFoundError, match="Test folder .*nope.*--data.test_folder") as err:
-        dm.prepare_data()
+    """A --test_folder that does not exist is named as the test folder, not blamed on COURSE_DATA."""
+    with pytest.raises(FileNotFoundError, match="Test folder .*nope.*--test_folder") as err:
+        held_out(tiny_dm(tiny_folder, tmp_path), tmp_path / "nope", tmp_path)
     assert "COURSE_DATA" not in str(err.value)
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from course_lib.data.data import CIFAR10DataModule
+from course_lib.data.data import CIFAR10DataModule, class_folder_split
 from course_lib.training.loops import predict
 from course_lib.training.modules import ImageClassifierModule
 from course_lib.training.optim import LENET, make_optimizer
@@ -59,8 +59,8 @@ def run_test_and_count_by_hand(tiny_folder, tmp_path):
     """trainer.test's logged metrics, and accuracy and mean cross-entropy counted by hand with the same weights."""
     L.seed_everything(1)
     # 60 images in batches of 16 (16+16+16+12): an uneven last batch catches mean-of-batch-means mistakes
-    dm = CIFAR10DataModule(image_folder=str(tiny_folder), data_dir=str(tmp_path), batch_size=16,
-                           test_folder=str(tiny_folder / "train"))
+    dm = CIFAR10DataModule(image_folder=str(tiny_folder), data_dir=str(tmp_path), batch_size=16)
+    dm.hold_out(*class_folder_split(tiny_folder / "train", dm.classes, tmp_path / "cache"))  # as --test_folder
     module = ImageClassifierModule("simple_cnn", num_classes=3)
     with torch.no_grad():  # a bias towards class 1 makes per-batch accuracies differ from each other
         module.net.fc.bias.copy_(torch.tensor([0.0, 0.02, 0.0]))

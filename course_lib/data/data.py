@@ -14,7 +14,7 @@ from ..base import config, hardware, internals
 from ..base.errors import CourseError, MissingPathError
 from .sampling import Batching, Loader
 from .sources import CIFAR10_CLASSES as CIFAR10_CLASSES  # re-exported: the lessons import it from here
-from .sources import SPLITS, LoadedSplits, Source, cache_image_folder, list_image_folder, load_image_folder, open_source
+from .sources import SPLITS, LoadedSplits, Source, list_image_folder, load_image_folder, open_source
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)  # per-channel statistics of the CIFAR-10 training images
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
@@ -135,17 +135,30 @@ def relabel(data: dict, classes: list[str], refusal: Callable[[list[str]], str])
     return {**data, "labels": remap[data["labels"]], "classes": list(classes)}
 
 
+def class_folder_split(folder: Path, classes: list[str], cache_dir: Path) -> tuple[Split, list[str]]:
+    """A <folder>/<class>/*.jpg|png folder (decoded once into cache_dir) as a Split labelled through `classes` by name,
+    and its files in the split's order: held-out images from elsewhere (the CLI's --test_folder). A missing folder,
+    or a class that `classes` lacks, is refused with its remedy."""
+    if not folder.is_dir():
+        raise MissingPathError(f"Test folder {folder} (CLI --test_folder) does not exist. Pass a folder of "
+                               f"<class>/*.jpg|png images whose class names the model knows.")
+    data = relabel(load_image_folder(folder, cache_dir), classes, lambda unknown: f"Test folder {folder} has classes "
+                   f"{unknown} that the model was not trained on; rename them to some of {list(classes)}.")
+    return Split.whole(data), [str(f) for f in list_image_folder(folder)[0]]
+
+
 class CIFAR10DataModule(L.LightningDataModule):
     """CIFAR-10 (torchvision download), any <root>/<split>/<class>/*.jpg folder, or a saved .pt tensor file, chosen
     once here (sources.open_source); seeded splits (carve_splits). Normalised with CIFAR-10's statistics
     (normalize=False: [0, 1]). `batching` serves the splits: Loader() (default, a DataLoader), ondevice.OnDevice()
     (the splits on the accelerator) or ondevice.Speedrun() (lesson 08's). The splits it reads are its own (`loaded`).
-    `classes`: the class names in label order, a trained model's (the CLI passes a checkpoint's): the data, and a
-    test_folder, are labelled through them by name; None: the source's own. It never reads the model."""
+    `classes`: the class names in label order, a trained model's (the CLI passes a checkpoint's): the data are
+    labelled through them by name; None: the source's own. It never reads the model. hold_out() replaces the test
+    split with images from elsewhere (the CLI's --test_folder); no path to them is kept here."""
 
-    def __init__(self, *, image_folder: str | None = None, data_dir: str | None = None, test_folder: str | None = None,
-                 mirror_url: str | None = None, batch_size: int = 64, augment: bool = False, normalize: bool = True,
-                 subset: int | None = None, eval_subset: int | None = None, val_fraction: float = 0.1,
+    def __init__(self, *, image_folder: str | None = None, data_dir: str | None = None, mirror_url: str | None = None,
+                 batch_size: int = 64, augment: bool = False, normalize: bool = True, subset: int | None = None,
+                 eval_subset: int | None = None, val_fraction: float = 0.1,
                  test_fraction: float = 0.1, seed: int = 0, batching: Batching | None = None,
                  classes: list[str] | None = None):
         super().__init__()
@@ -156,7 +169,8 @@ class CIFAR10DataModule(L.LightningDataModule):
         self._classes: list[str] | None = list(classes) if classes else None
         self.loaded = LoadedSplits()  # the splits it read, its own (runs.datamodule(loaded=...) shares one)
         self.resumed_rng_state: torch.Tensor | None = None  # from a checkpoint, for the next training loader
-        self._test_source: tuple[Path | None, str] = (None, "test")  # the test images' folder (None: no files), split
+        self._test_source: tuple[Path | list[str] | None, str] = (None, "test")  # the test images' folder or files
+        self._held_out: tuple[Split, list[str] | None] | None = None  # hold_out()'s images and their files
 
     @property
     def classes(self) -> list[str]:
@@ -183,8 +197,6 @@ class CIFAR10DataModule(L.LightningDataModule):
     def prepare_data(self) -> None:
         """Download (torchvision) or decode into the on-disk cache (image folder), on one process; sets no state. A
         split this DataModule has loaded already was read from that cache, so it is not listed and checked again."""
-        if self.hparams.test_folder:
-            cache_image_folder(self._test_folder(), self.data_dir / "cache")
         for split in SPLITS:
             if not self.loaded.holds(self.source, split):
                 self.source.ensure_cached(split)
@@ -197,12 +209,12 @@ class CIFAR10DataModule(L.LightningDataModule):
         """Load the tensors and carve validation/test splits from training with a seeded generator (once: the
         splits never change), then let the batching strategy place them."""
         hp = self.hparams
-        if getattr(self, "train_set", None) is not None and not hp.test_folder:
-            return
-        if hp.test_folder and stage in ("test", "predict"):  # grading on foreign images needs no training data
-            self.test_set = self._dataset(self._foreign_test(hp.test_folder), hp.eval_subset)
-            self._test_source = (self._test_folder(), "test_folder")
+        if self._held_out is not None and stage in ("test", "predict"):  # held-out images need no training data
+            split, files = self._held_out
+            self.test_set, self._test_source = self._dataset(split, hp.eval_subset), (files, "held_out")
             return self.batching.place(self)
+        if getattr(self, "train_set", None) is not None:
+            return
         train = self._load("train")
         self._check_classes(train["classes"])
         val, test = (self._own_split(split) for split in ("val", "test"))
@@ -210,8 +222,6 @@ class CIFAR10DataModule(L.LightningDataModule):
         self._test_source = (self.source.folder(test_split), test_split)  # the files predict names, if any
         train, val, test = carve_splits(Split.whole(train), val, test, val_fraction=hp.val_fraction,
                                         test_fraction=hp.test_fraction, seed=hp.seed)
-        if hp.test_folder:
-            test, self._test_source = self._foreign_test(hp.test_folder), (self._test_folder(), "test_folder")
         self.train_set = self._dataset(train, hp.subset, augment=hp.augment)
         self.val_set = self._dataset(val, hp.eval_subset)
         self.test_set = self._dataset(test, hp.eval_subset)
@@ -223,7 +233,7 @@ class CIFAR10DataModule(L.LightningDataModule):
             raise CourseError(f"The model was trained on classes {self.classes} but the data in "
                               f"{self.hparams.image_folder or 'torchvision CIFAR-10'} have {list(found)}, so its "
                               f"labels would be wrong. Point COURSE_DATA (--data.image_folder) at data with the "
-                              f"model's classes, grade a folder of class-named images with --data.test_folder, or "
+                              f"model's classes, grade a folder of class-named images with --test_folder, or "
                               f"train a new model on these data.")
 
     def _own_split(self, split: str) -> Split | None:
@@ -238,23 +248,14 @@ class CIFAR10DataModule(L.LightningDataModule):
 
     def test_names(self) -> list[str]:
         """Where each test image comes from, in the test set's order: its file, or <split>[i] without files."""
-        folder, split = self._test_source
-        files = list_image_folder(folder)[0] if folder else None
+        where, split = self._test_source
+        files = list_image_folder(where)[0] if isinstance(where, Path) else where
         return [str(files[i]) if files else f"{split}[{i}]" for i in self.test_set.index.tolist()]
 
-    def _test_folder(self) -> Path:
-        """The --data.test_folder path, checked: a missing one is named as the test folder, with its remedy."""
-        folder = Path(self.hparams.test_folder)
-        if not folder.is_dir():
-            raise MissingPathError(f"Test folder {folder} (test_folder=, CLI --data.test_folder) does not exist. "
-                                   f"Pass a folder of <class>/*.jpg|png images whose class names the model knows.")
-        return folder
-
-    def _foreign_test(self, folder: str) -> Split:
-        """A <folder>/<class>/*.jpg test set whose class names are mapped onto the model's classes (self.classes)."""
-        data = load_image_folder(self._test_folder(), self.data_dir / "cache")
-        return Split.whole(relabel(data, self.classes, lambda unknown: f"Test folder {folder} has classes {unknown} "
-                                   f"that the model was not trained on; rename them to some of {self.classes}."))
+    def hold_out(self, split: Split, files: list[str] | None = None) -> None:
+        """Test and predict on `split` (labelled in self.classes: class_folder_split's) instead of the carved test
+        split; `files`: each image's file, in the split's order (predict names them). Set before the Trainer runs."""
+        self._held_out = (split, files)
 
     def _dataset(self, split: Split, subset: int | None, augment: bool = False) -> ImageTensorDataset:
         """Wrap a split, keeping a seeded random subset of it for small runs."""

@@ -15,7 +15,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from ..base import config, hardware
 from ..base.errors import CourseError
-from ..data.data import CIFAR10DataModule
+from ..data.data import CIFAR10DataModule, class_folder_split
 from ..training import runs
 from ..training.modules import ImageClassifierModule
 from . import runfolder
@@ -66,6 +66,9 @@ class CourseCLI(LightningCLI):
         # the class names: the DataModule's (a checkpoint's, else its source's) become the model's, so every checkpoint
         # records them; neither class reads the other (a checkpoint's reach the data in _data_from_checkpoint)
         parser.link_arguments("data.classes", "model.classes", apply_on="instantiate")
+        parser.add_argument("--test_folder", type=str | None, default=None,
+                            help="test grades, predict labels this <folder>/<class>/*.jpg|png folder through the "
+                                 "model's class names, instead of the held-out split")
         try:
             parser.set_defaults(runs.cli_defaults())
         except CourseError as err:  # raised once the arguments are parsed, so that --debug applies and --help works
@@ -107,7 +110,7 @@ class CourseCLI(LightningCLI):
             raise CourseError(f"--data.classes {cfg.data.classes} contradicts {cfg.ckpt_path}, whose model was "
                               f"trained on {list(trained_on)} (its outputs follow that order). Drop --data.classes.")
         cfg.data.classes = list(trained_on) if trained_on else cfg.data.get("classes")
-        if cfg.data.get("test_folder") and self.config.subcommand != "fit":
+        if cfg.get("test_folder") and self.config.subcommand != "fit":
             return  # a foreign folder is graded whole: no split is carved
         recorded = ckpt.get("datamodule_hyper_parameters") or {}
         if not recorded:
@@ -120,7 +123,7 @@ class CourseCLI(LightningCLI):
                 raise CourseError(f"--data.{key} {cfg.data.get(key)} contradicts {cfg.ckpt_path}, whose run had "
                                   f"{key}={recorded[key]}: the held-out images follow the checkpoint's settings "
                                   f"(others would mix its training images into the split). Drop --data.{key} (and "
-                                  f"any {key} in a config), or grade other images with --data.test_folder.")
+                                  f"any {key} in a config), or grade other images with --test_folder.")
             cfg.data[key] = recorded[key]
         if recorded.get("image_folder") != cfg.data.get("image_folder"):
             print(f"note: {cfg.ckpt_path} was trained on {recorded.get('image_folder') or 'torchvision CIFAR-10'}, "
@@ -154,16 +157,7 @@ class CourseCLI(LightningCLI):
         hardware.check_devices(trainer.accelerator, trainer.devices)
         trainer.precision = self._checked_precision(trainer.precision, trainer.accelerator)
         self._check_explicit_model_flags(cfg)
-        if self.subcommand in ("test", "validate", "predict") and cfg.data.get("test_folder") and not cfg.data.classes:
-            raise CourseError(f"{cfg.get('ckpt_path') or 'This model'} records no class names, so the folders of "
-                              f"{cfg.data.test_folder} cannot be mapped to its outputs. Name them in the order the "
-                              f"model was trained on, e.g. --data.classes '[airplane, cat, ship]', or pass a "
-                              f"checkpoint written by this course's fit (it records them).")
-        named, heads = len(cfg.data.get("classes") or []), cfg.model.num_classes
-        if self.subcommand in ("test", "validate", "predict") and cfg.data.get("test_folder") and named != heads:
-            raise CourseError(f"The model records {named} class names but its head has {heads} outputs, so the "
-                              f"folders of {cfg.data.test_folder} cannot be graded on it. Retrain it with "
-                              f"--model.num_classes {named}, or name its {heads} classes with --data.classes.")
+        self._check_test_folder(cfg)
         if cfg.data.batch_size < 1:
             raise CourseError(f"--data.batch_size {cfg.data.batch_size}: a batch needs at least one image. Pass a "
                               f"positive size, e.g. --data.batch_size 64.")
@@ -178,6 +172,36 @@ class CourseCLI(LightningCLI):
             trainer.logger = Namespace(class_path=runfolder.logger_class(),
                                        init_args=Namespace(save_dir=str(run_dir), name="logs"))
         self.trainer_defaults.setdefault("callbacks", []).extend(runfolder.run_callbacks(self.subcommand, run_dir))
+
+    def _check_test_folder(self, cfg) -> None:
+        """--test_folder is graded (test) or labelled (predict) through the model's class names: it needs them, one
+        per output of the model's head; fit and validate read the data's own splits."""
+        folder = cfg.get("test_folder")
+        if not folder:
+            return
+        if self.subcommand not in ("test", "predict"):
+            raise CourseError(f"--test_folder {folder}: {self.subcommand} reads the data's own splits. Grade the "
+                              f"folder with `test` or label it with `predict`, or drop --test_folder.")
+        named, heads = len(cfg.data.get("classes") or []), cfg.model.num_classes
+        if not named:
+            raise CourseError(f"{cfg.get('ckpt_path') or 'This model'} records no class names, so the folders of "
+                              f"{folder} cannot be mapped to its outputs. Name them in the order the model was "
+                              f"trained on, e.g. --data.classes '[airplane, cat, ship]', or pass a checkpoint "
+                              f"written by this course's fit (it records them).")
+        if named != heads:
+            raise CourseError(f"The model records {named} class names but its head has {heads} outputs, so the "
+                              f"folders of {folder} cannot be graded on it. Retrain it with --model.num_classes "
+                              f"{named}, or name its {heads} classes with --data.classes.")
+
+    def before_test(self) -> None:
+        """--test_folder's images, labelled through the data's (the model's) class names, replace the held-out split:
+        the path lives here, not in the DataModule."""
+        folder = self.config[self.subcommand].get("test_folder")
+        if folder:
+            dm = self.datamodule
+            dm.hold_out(*class_folder_split(Path(folder), dm.classes, dm.data_dir / "cache"))
+
+    before_predict = before_test
 
     def instantiate_trainer(self, **kwargs):
         """The Trainer, writing checkpoints atomically (runfolder.AtomicCheckpointIO) unless --trainer.plugins
