@@ -162,7 +162,8 @@ class CIFAR10DataModule(L.LightningDataModule):
                  test_fraction: float = 0.1, seed: int = 0, batching: Batching | None = None,
                  classes: list[str] | None = None):
         super().__init__()
-        self.save_hyperparameters(ignore=["batching"])
+        # classes: the model's hyperparameter (linked from .classes), so not this one's too (Lightning merges the two)
+        self.save_hyperparameters(ignore=["batching", "classes"])
         self.batching = batching if batching is not None else Loader()
         self.data_dir = Path(data_dir) if data_dir else config.data_root()
         self.source: Source = open_source(image_folder, data_dir=self.data_dir, mirror_url=mirror_url)
