@@ -48,3 +48,11 @@ def test_error_cells_escape_table_pipes():
     assert runner.plain("a | b\x1b[1m") == "a | b"
     rows = [{"lesson": "01_x", "ok": False, "seconds": 1.0, "error": "a | b\nc", "figures": []}]
     assert "| 01_x | FAIL: a \\| b c | 1 s | - |" in runner.summary_markdown(rows, "smoke", "CPU")
+
+
+def test_summary_puts_a_factors_x_on_its_number():
+    """The summary writes '1.485x slower' as the lessons do, not '1.485 x slower'; other units keep their space."""
+    from course_lib.entry.runner import quantity
+    assert quantity(1.485, "x slower") == "1.485x slower"
+    assert quantity(12.6, "s") == "12.6 s"
+    assert quantity(3, "") == "3"
