@@ -204,7 +204,7 @@ def count(fn: Callable, *args, floors: bool = False, **kwargs) -> Counts:
     with FlopCounterMode(display=False) as flop_counter, _OpRecorder(floors) as recorder:
         fn(*args, **kwargs)
     ops = recorder.ops
-    if recorder.calls:  # new pages move with the heap's state: the lightest of this call and three more
+    if recorder.calls:  # new pages move with the heap's state: the fewest an op took in this and two more calls
         ops = _fewest_touched(ops, fn, args, kwargs)
     with torch.no_grad():
         for again in range(_passes()):  # passes apart in time: a burst from another process spoils only one
@@ -228,18 +228,15 @@ class _Touches(TorchDispatchMode):
         return out
 
 
-def _fewest_touched(ops: list[Op], fn: Callable, args: tuple, kwargs: dict, calls: int = 3) -> list[Op]:
-    """ops with the new pages of the call, of the counted one and `calls` more, that touched the fewest in all: which
-    fresh output gets new pages moves with the heap's state from call to call, so one whole call's pattern, the
-    lightest seen, is a lower bound on what a step pays."""
-    best = [o.touched for o in ops]
+def _fewest_touched(ops: list[Op], fn: Callable, args: tuple, kwargs: dict, calls: int = 2) -> list[Op]:
+    """ops with each op's touched bytes the fewest over its counted call and `calls` more (whether a fresh output
+    gets new pages depends on the heap's state, which the counters' own allocations shift): a lower bound."""
     for _ in range(calls):
         with _Touches() as seen:
             fn(*args, **kwargs)
-        pages = [min(o.fresh, f * mmap.PAGESIZE) for o, f in zip(ops, seen.faults)]
-        if len(seen.faults) == len(ops) and sum(pages) < sum(best):  # the same ops in the same order, fewer pages
-            best = pages
-    return [dataclasses.replace(o, touched=t) for o, t in zip(ops, best)]
+        if len(seen.faults) == len(ops):  # the same ops in the same order
+            ops = [dataclasses.replace(o, touched=min(o.touched, f * mmap.PAGESIZE)) for o, f in zip(ops, seen.faults)]
+    return ops
 
 
 def fused(counts: Counts, inputs: list[torch.Tensor], outputs: list[torch.Tensor], floors: bool = False) -> Counts:
