@@ -282,23 +282,19 @@ def test_only_tanh_is_held_to_the_tanh_rate():
     assert [roofline.op_class(o) for o in ops] == ["transcendental"] * 2 + ["elementwise"] * 3
 
 
-def test_an_elementwise_floor_is_a_copy_of_its_bytes_with_the_pages_it_touched_and_a_fused_one_its_compiled_part(
+def test_an_elementwise_floor_is_a_copy_of_its_bytes_with_its_allocation_and_a_fused_one_its_compiled_part(
         monkeypatch):
-    """reference times the least work that writes an op's bytes (a copy, or a fill where it reads fewer) into a reused
-    buffer and into newly mapped pages, and charges the new pages' share for the bytes the op first touched; a floored
-    op pays no first-touch guess beside it; a fused kernel's floor is its costliest part compiled alone."""
+    """reference times the least work that writes an op's bytes (a copy, or a fill where it reads fewer), into a new
+    buffer where the op allocates one; a floored op pays no first-touch guess beside it; a fused kernel's floor is
+    its costliest part compiled alone (tanh where it runs one)."""
     from course_lib.measure import opcount
 
     calls = []
-    monkeypatch.setattr(opcount, "_floors", {})
-    monkeypatch.setattr(opcount, "_best", lambda fn: calls.append(fn) or (1e-3 if len(calls) % 2 else 3e-3))
-    assert opcount.reference(4096, 8192, touched=2048) == pytest.approx(2e-3)  # half its bytes on new pages
-    assert opcount.reference(4096, 8192) == pytest.approx(1e-3) and len(calls) == 2  # kept per size: reused only
-    assert opcount.reference(4096, 8192, touched=8192) == pytest.approx(3e-3)  # at most all of its bytes
-    calls[1]()  # the copy into new pages runs (an anonymous mapping, closed after)
-    assert calls[0]().numel() == 4096
-    opcount.reference(4096, 0)  # reads nothing: a fill, timed apart
-    assert len(calls) == 4
+    monkeypatch.setattr(opcount, "_best", lambda fn: calls.append(fn) or 1e-3)
+    assert opcount.reference(4096, 8192, True) == 1e-3 and opcount.reference(4096, 8192, True) == 1e-3
+    assert len(calls) == 1 and calls[0]().numel() == 4096  # kept per size and pattern; a fresh clone of 4096 bytes
+    opcount.reference(4096, 0, False)  # reads nothing: a fill into a reused buffer
+    assert len(calls) == 2
     big = roofline.Op("mul", 1, 3 * 2**26, fresh=2**26)
     ceil = ceilings.Ceilings("test machine", "cpu", "smoke", 1, "t", {
         "add fresh": ceilings.summarise("add fresh", "memory", 3e9, [1.0]),
@@ -309,24 +305,6 @@ def test_an_elementwise_floor_is_a_copy_of_its_bytes_with_the_pages_it_touched_a
     x = torch.randn(64)
     fused = roofline.fused(roofline.count(lambda: torch.tanh(x * 2) + 1), [x], [x], floors=True)
     assert fused.ops[0].floor == 2e-3 and set(parts) == {"tanh"}
-
-
-def test_each_op_counts_the_new_pages_it_first_touched(monkeypatch):
-    """With floors, the recorder reads the process's page faults around each op: a fresh output's new pages (at most
-    its bytes) go to its reference; an op writing in place touches none."""
-    import itertools
-
-    from course_lib.measure import opcount
-
-    faults = itertools.count(step=8)  # 8 new pages between each read: before and after every op
-    monkeypatch.setattr(opcount, "_faults", lambda: next(faults))
-    monkeypatch.setattr(opcount, "_floors", {})
-    monkeypatch.setattr(opcount, "_best", lambda fn: 1e-5)
-    x = torch.randn(2**15)  # 128 KiB: past REFERENCE_BYTES
-    c = roofline.count(lambda: (x * 2).mul_(3), floors=True)
-    assert [o.name for o in c.ops] == ["mul", "mul_"]
-    assert c.ops[0].touched == 8 * opcount.mmap.PAGESIZE and c.ops[1].touched == 0
-    assert all(o.floor > 0 for o in c.ops)
 
 
 @pytest.mark.parametrize("size, passes, tries", [("smoke", 1, 1), ("full", 2, 1 + ceilings.RETRIES)])
@@ -343,6 +321,20 @@ def test_floors_take_one_pass_without_retries_at_smoke_size_and_two_with_retries
     x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)  # one convolution; its output under REFERENCE_BYTES
     counted = roofline.count(lambda: F.conv2d(x, w), floors=True)
     assert [o.floor for o in counted.ops] == [1e-3] and len(calls) == passes * tries
+
+
+def test_the_reference_copies_replay_in_the_steps_order_with_its_lifetimes():
+    """replay allocates each large output when the step did and frees it when the step freed its own; it times the
+    elementwise ops' copies into new outputs only (a kernel-bound op's is untimed; an in-place op keeps its loop
+    reference)."""
+    from course_lib.measure import opcount
+
+    chain = [(0, 2**16, True, True, True), (1, 2**16, True, True, False), (2, 2**16, False, False, False)]
+    best = opcount.replay(chain, {0: 2})  # op 0's output freed before op 2
+    assert set(best) == {1} and best[1] > 0
+    x = torch.randn(2**15)  # 128 KiB: past REFERENCE_BYTES
+    c = roofline.count(lambda: (x * 2) * 3, floors=True)
+    assert [o.name for o in c.ops] == ["mul", "mul"] and all(o.floor > 0 for o in c.ops)
 
 
 def test_data_movement_kernels_are_timed_alone_at_their_shapes():

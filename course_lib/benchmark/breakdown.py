@@ -56,9 +56,6 @@ class Breakdown:
     overhead_s = property(lambda self: self.profiled - self.step, doc="The profiler's own cost per step.")
     recorded = property(lambda self: 1 - self.overhead.get(PYTHON, 0.0) / self.profiled,
                         doc="Share of the profiled step inside events the profiler recorded (ops, named overhead).")
-    attributed = property(lambda self: (sum(r["measured"] for r in self.ops.values()) + sum(self.overhead.values()))
-                          / self.profiled, doc="Share of the profiled step in counted ops and named overhead, "
-                          "Python between recorded events included (interpreter time, named as such).")
 
 
 def _category(event, counted: set[str]) -> str:
@@ -143,7 +140,6 @@ def reconcile(bd: Breakdown) -> str:
         f"- {named:.0%} of the profiled step ran in the {len(bd.ops)} kinds of op the model counts",
         f"- {bd.recorded - named:.0%} in named overhead the profiler recorded, {1 - bd.recorded:.0%} between recorded "
         f"events ({PYTHON})",
-        f"- attributed: {bd.attributed:.0%} of the profiled step to counted ops and named overhead ({PYTHON} too)",
         f"- the model predicts {timing.duration(bd.predicted)}"])
 
 

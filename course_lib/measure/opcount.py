@@ -2,14 +2,13 @@
 the bytes of its tensor inputs and outputs (a gather: the rows it reads), seen by a dispatch mode; and, where asked,
 each op's floor at its own sizes. Products, convolutions and pooling are replayed alone with the step's own arguments
 (their speed depends on their shapes: LeNet's 6-channel convolutions run far below a 2048x2048 matmul's rate); every
-other op gets its reference, a copy of the bytes it writes, into new pages for the share of its output that the op
-itself first touched in the counted call (page faults, counted per op), into a reused buffer for the rest: the first
-touch is measured where the step paid it, not guessed from a size. A floor is the best sustained seconds of one call."""
+other op gets its reference, a copy of the bytes it writes into a new or a reused buffer as the op does, which
+measures the first touch of new pages at the op's size. A floor is the best sustained seconds of one call."""
 from __future__ import annotations
 
 import dataclasses
-import mmap
-import resource
+import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -47,7 +46,6 @@ class Op:
     matmul: bool = False  # a matrix product or convolution (FlopCounterMode's formulas): runs at the matmul rate
     fresh: int = 0  # bytes of output the op allocates (not in place, no out=): new pages where they are large
     floor: float = 0.0  # seconds one call takes alone at these shapes (best sustained), where measured; 0: not
-    touched: int = 0  # bytes of new pages the op first touched in the counted call (its page faults x page size)
 
 
 @dataclass
@@ -88,43 +86,21 @@ def floor(func, args: tuple, kwargs: dict, again: bool = False) -> float:
     return _floors[key]
 
 
-def reference(written: int, read: int, touched: int = 0, device: str = "cpu", again: bool = False) -> float:
-    """Best sustained seconds of the least work that writes `written` bytes as the op did: a copy of them where the
-    op reads at least as many (else a fill), `touched` of them into newly mapped pages (the op's own page faults in
-    the step: a fresh output that the allocator handed new pages) and the rest into a reused buffer. Both parts are
-    timed at the op's size (copy_rates), so the first touch costs what it cost here, not a threshold's guess. An
+def reference(written: int, read: int, fresh: bool, device: str = "cpu", again: bool = False) -> float:
+    """Best sustained seconds of the least work that writes `written` bytes: a copy of them where the op reads at
+    least as many (else a fill), into a new buffer each call where the op allocates its output (`fresh`), else into a
+    reused one. The same bytes, sizes and allocation pattern as the op, so the first touch of new pages is measured at
+    the op's own size (the allocator's choice depends on size and history), not guessed from a threshold. An
     elementwise op does at least this work, so it is that op's floor (`again`: time it once more, keep the faster)."""
-    reused, new = copy_rates(written, read >= written, device, again)
-    share = min(1.0, touched / written) if new is not None else 0.0
-    return reused + share * max(0.0, new - reused)
-
-
-def copy_rates(written: int, copy: bool, device: str = "cpu", again: bool = False) -> tuple[float, float | None]:
-    """Best seconds per call of a copy (or fill) of `written` bytes into a reused buffer and, on a CPU, into pages
-    mapped anew each call (an anonymous mmap: every page a first touch, as a fresh output the allocator maps)."""
-    key = ("reference", written, copy, device)
+    copy = read >= written
+    key = ("reference", written, copy, fresh, device)
     if key not in _floors or again:
         src = torch.zeros(written, dtype=torch.uint8, device=device)
-        dst = torch.empty_like(src)
-        reused = _best((lambda: dst.copy_(src)) if copy else lambda: dst.fill_(1))
-        new = _best(lambda: _into_new_pages(src, copy)) if device == "cpu" else None
-        old = _floors.get(key, (float("inf"), None))
-        _floors[key] = (min(old[0], reused), new if old[1] is None or new is None else min(old[1], new))
+        dst = None if fresh else torch.empty_like(src)
+        fn = (src.clone if fresh else lambda: dst.copy_(src)) if copy else \
+            (lambda: torch.empty_like(src).fill_(1)) if fresh else lambda: dst.fill_(1)
+        _floors[key] = min(_floors.get(key, float("inf")), _best(fn))
     return _floors[key]
-
-
-def _into_new_pages(src: torch.Tensor, copy: bool) -> None:
-    """Copy (or fill) src's bytes into pages mapped for this call only: each page's first touch is paid here."""
-    pages = mmap.mmap(-1, src.numel(), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # as malloc maps (not shared)
-    dst = torch.frombuffer(pages, dtype=torch.uint8)
-    dst.copy_(src) if copy else dst.fill_(1)
-    del dst  # the mapping closes only once no tensor views it
-    pages.close()
-
-
-def _faults() -> int:
-    """Page faults this process has taken so far (minor: pages first touched), all threads."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def _passes() -> int:
@@ -149,14 +125,17 @@ class _OpRecorder(TorchDispatchMode):
     def __init__(self, floors: bool = False):
         super().__init__()
         self.ops: list[Op] = []
-        self.calls: dict[int, Callable] = {}  # index in ops -> its floor's timer (again: time it once more; the Op)
+        self.calls: dict[int, Callable] = {}  # index in ops -> its floor's timer (again=True: time it once more)
         self.floors = floors
+        self.chain: list[tuple] = []  # (index, bytes written, a copy?, fresh?, kernel-bound?) of each large output
+        self.died: dict[int, int] = {}  # index in ops -> ops recorded when the step freed that op's output
+
+    def _freed(self, index: int) -> None:
+        self.died[index] = len(self.ops)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        faults = _faults() if self.floors else 0
         out = func(*args, **kwargs)
-        faults = _faults() - faults if self.floors else 0  # pages this op touched first (its new output's)
         name = func.__name__.split(".")[0]
         if func.is_view or name.startswith(NO_TRAFFIC):
             return out
@@ -174,14 +153,46 @@ class _OpRecorder(TorchDispatchMode):
         matmul = packet in flop_registry
         written = sum(t.numel() * t.element_size() for t in outs)
         real = all(t.device.type != "meta" for t in ins + outs)
-        touched = min(fresh, faults * mmap.PAGESIZE) if outs and outs[0].device.type == "cpu" else 0
         if self.floors and real and kernel_bound(name, matmul) and fresh:  # the op itself, alone at its shapes
-            self.calls[len(self.ops)] = lambda again, op, c=(func, args, kwargs): floor(*c, again=again)
+            self.calls[len(self.ops)] = lambda again, c=(func, args, kwargs): floor(*c, again=again)
         elif self.floors and real and written >= REFERENCE_BYTES and not kernel_bound(name, matmul):  # its copy
-            self.calls[len(self.ops)] = lambda again, op, w=(written, read, outs[0].device.type): \
-                reference(w[0], w[1], op.touched, w[2], again=again)
-        self.ops.append(Op(name, int(flops), read + written, matmul, fresh, touched=touched))
+            self.calls[len(self.ops)] = lambda again, w=(written, read, bool(fresh), outs[0].device.type): \
+                reference(*w, again=again)
+        if self.floors and real and written >= REFERENCE_BYTES and outs[0].device.type == "cpu":
+            self.chain.append((len(self.ops), written, read >= written, bool(fresh), kernel_bound(name, matmul)))
+            if fresh:
+                weakref.finalize(outs[0], self._freed, len(self.ops))
+        self.ops.append(Op(name, int(flops), read + written, matmul, fresh))
         return out
+
+
+def replay(chain: list[tuple], died: dict[int, int]) -> dict[int, float]:
+    """Each elementwise op's reference copy into a new output replayed in the step's order, every large output
+    allocated and freed when the step allocated and freed its own (a kernel-bound op's as a copy, untimed), each copy
+    reading the latest output: the allocator meets the step's sizes and lifetimes, so new pages cost what they cost
+    in the step. Best seconds per op index over rounds (at least 3, FLOOR_SECONDS in all)."""
+    if not chain:
+        return {}
+    src = torch.zeros(max(c[1] for c in chain), dtype=torch.uint8)
+    best, spent, rounds = {}, 0.0, 0
+    while rounds < 3 or spent < FLOOR_SECONDS[config.run_size().name]:
+        live, last, start_round = {}, src, time.perf_counter()
+        for i, w, copy, fresh, kernel in chain:
+            if not fresh:
+                continue  # in place: the loop's reference copy (reference) stands; its data are hot in the step
+            for j in [j for j in live if died.get(j, i + 1) <= i]:
+                del live[j]  # the step had freed it by now
+            start = time.perf_counter()  # read the latest output, hot in the cache as the op's input in the step
+            out = (last if last.numel() >= w else src)[:w].clone() if copy else torch.empty(w, dtype=torch.uint8)
+            if not copy:
+                out.fill_(1)
+            took = time.perf_counter() - start
+            live[i] = last = out
+            if not kernel:
+                best[i] = min(best.get(i, float("inf")), took)
+        del live
+        spent, rounds = spent + time.perf_counter() - start_round, rounds + 1
+    return best
 
 
 def _tensors(items: list) -> list[torch.Tensor]:
@@ -198,45 +209,19 @@ def _tensors(items: list) -> list[torch.Tensor]:
 def count(fn: Callable, *args, floors: bool = False, **kwargs) -> Counts:
     """Run fn(*args, **kwargs) once (any device, meta too) and count its ops, FLOPs and bytes; with `floors`, each
     product's, convolution's and pooling op's floor at its shapes (floor) and every other op's reference copy of its
-    bytes (reference: new pages for what the op first touched in this call), timed after the call, outside the
-    counters. A copy in a loop alone reuses its freed buffer, while the step's fresh outputs may get new pages (lesson
-    05's eager GELU: several of its 8 MiB outputs, each call), which cost more than their bytes."""
+    bytes (reference), timed after the call, outside the counters. An elementwise op's floor is the faster of its
+    reference copy alone and in the step's order: the slower of the two held lesson 05's eager GELU ops above their
+    roof (the allocator's state after the replay is not the step's), so only the faster is a lower bound."""
     with FlopCounterMode(display=False) as flop_counter, _OpRecorder(floors) as recorder:
         fn(*args, **kwargs)
     ops = recorder.ops
-    if recorder.calls:  # new pages move with the heap's state: the fewest an op took in this and two more calls
-        ops = _fewest_touched(ops, fn, args, kwargs)
     with torch.no_grad():
         for again in range(_passes()):  # passes apart in time: a burst from another process spoils only one
             for i, timer in recorder.calls.items():
-                ops[i] = dataclasses.replace(ops[i], floor=timer(bool(again), ops[i]))
+                ops[i] = dataclasses.replace(ops[i], floor=timer(bool(again)))
+            for i, seconds in replay(recorder.chain, recorder.died).items():  # the same copies in the step's order:
+                ops[i] = dataclasses.replace(ops[i], floor=min(ops[i].floor, seconds))  # the faster is the floor
     return Counts(ops, flop_counter.get_total_flops())
-
-
-class _Touches(TorchDispatchMode):
-    """Each counted op's page faults in one more call (the ops _OpRecorder keeps, in the same order)."""
-
-    def __init__(self):
-        super().__init__()
-        self.faults: list[int] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        before = _faults()
-        out = func(*args, **(kwargs or {}))
-        if not (func.is_view or func.__name__.split(".")[0].startswith(NO_TRAFFIC)):
-            self.faults.append(_faults() - before)
-        return out
-
-
-def _fewest_touched(ops: list[Op], fn: Callable, args: tuple, kwargs: dict, calls: int = 2) -> list[Op]:
-    """ops with each op's touched bytes the fewest over its counted call and `calls` more (whether a fresh output
-    gets new pages depends on the heap's state, which the counters' own allocations shift): a lower bound."""
-    for _ in range(calls):
-        with _Touches() as seen:
-            fn(*args, **kwargs)
-        if len(seen.faults) == len(ops):  # the same ops in the same order
-            ops = [dataclasses.replace(o, touched=min(o.touched, f * mmap.PAGESIZE)) for o, f in zip(ops, seen.faults)]
-    return ops
 
 
 def fused(counts: Counts, inputs: list[torch.Tensor], outputs: list[torch.Tensor], floors: bool = False) -> Counts:
