@@ -52,7 +52,8 @@ def test_error_cells_escape_table_pipes():
 
 def test_summary_puts_a_factors_x_on_its_number():
     """The summary writes '1.485x slower' as the lessons do, not '1.485 x slower'; other units keep their space."""
-    from course_lib.entry.runner import quantity
-    assert quantity(1.485, "x slower") == "1.485x slower"
-    assert quantity(12.6, "s") == "12.6 s"
-    assert quantity(3, "") == "3"
+    row = {"lesson": "05_x", "ok": True, "seconds": 1.0, "error": None,
+           "figures": [{"name": "a", "value": 1.485, "unit": "x slower"}, {"name": "b", "value": 12.6, "unit": "s"},
+                       {"name": "c", "value": 3, "unit": ""}]}
+    text = runner.summary_markdown([row], "smoke", "test machine")
+    assert "a = 1.485x slower; b = 12.6 s; c = 3 |" in text

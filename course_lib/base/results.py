@@ -49,6 +49,11 @@ def read_rows(path: str | Path) -> list[dict]:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
 
 
+def with_unit(number: str, unit: str) -> str:
+    """A formatted number and its unit: '12.6 s', but '1.22x slower' (a factor's x sits on its number); '8' alone."""
+    return " ".join(filter(None, (number + "x" if unit.startswith("x ") else number, unit.removeprefix("x "))))
+
+
 def markdown_table(header: list, rows: list[list]) -> list[str]:
     """The lines of a markdown table, the one writer of them: header, rule, a line per row; each cell as text on one
     line, its pipes escaped."""

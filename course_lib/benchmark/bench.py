@@ -226,11 +226,9 @@ def measures(saved: list[dict]) -> list[dict]:
             unit = " ".join(SINGULAR.get(w, w) for w in unit.split())
         return f"{int(v):,}" if v.is_integer() and abs(v) < 1e15 else verdict.number(v), unit
 
-    def joined(r: dict) -> str:  # '12.6 s', but '1.22x slower': a factor's x sits on its number
-        number, unit = value(r)
-        return " ".join(filter(None, (number + "x" if unit.startswith("x ") else number, unit.removeprefix("x "))))
 
-    return [{"measure": r["name"] + (f" ({r['note']})" if r.get("note") else ""), "value": joined(r)} for r in saved]
+    return [{"measure": r["name"] + (f" ({r['note']})" if r.get("note") else ""),
+             "value": results.with_unit(*value(r))} for r in saved]
 
 
 def plot_speedups(rows: list[dict], title: str):

@@ -114,16 +114,12 @@ def commit_runs(rows: list[dict], size: str, machine: str) -> None:
     results.replace_block(times_file().parents[2] / "README.md", README_BLOCK, lesson_table(runs))
 
 
-def quantity(value: float, unit: str) -> str:
-    """A figure and its unit as the lessons print them: '12.6 s', but '1.485x slower' (a factor's x on its number)."""
-    return f"{value:.4g}x {unit[2:]}" if unit.startswith("x ") else f"{value:.4g} {unit}".rstrip()
-
-
 def summary_markdown(rows: list[dict], size: str, machine: str) -> str:
     """The course summary: per lesson pass/fail, wall time and the figures it measured."""
     table = []
     for r in rows:
-        figs = "; ".join(f"{f['name']} = {quantity(f['value'], f['unit'])}" for f in r["figures"]) or "-"
+        figs = "; ".join(f"{f['name']} = {results.with_unit(format(f['value'], '.4g'), f['unit'])}"
+                         for f in r["figures"]) or "-"
         status = "pass" if r["ok"] else f"FAIL: {plain(r['error'] or '')}"
         if r.get("earlier"):
             status += f" (earlier run, {r['earlier']})"
