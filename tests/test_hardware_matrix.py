@@ -117,6 +117,7 @@ def test_facts_and_label_say_the_class_is_emulated(hardware_class, cls):
     info = hardware.facts()
     assert info["cpu_bf16_native"] is bool(spec.flags & set(hardware.CPU_BF16_FLAGS))
     assert info["cpu_int8_native"] is bool(spec.flags & set(hardware.CPU_INT8_FLAGS))
+    assert info["cpu_class"] == (cls if spec.gpu is None else "cpu-avx512")  # a GPU class's host: AVX-512
     assert info["gpu"] == (spec.gpu or {}).get("gpu")
     assert hardware.has_gpu() is (spec.gpu is not None)
     assert f"emulating {cls}" in hardware.label()

@@ -253,6 +253,11 @@ def test_layers_lists_each_leaf_layer_with_its_bound_and_the_plot_draws_one_roof
     assert len(roofline.layer_lines(rows)) == 1 + len(rows)
     ax = roofline.plot(fake_ceilings(), [("op", 1e6, 1e6, 1e-3)])
     assert len(ax.lines) == 1 and ax.get_xscale() == ax.get_yscale() == "log"
+    assert ax.get_legend_handles_labels()[1] == ["roof: fp32 products, DRAM copy"]
+    ax = roofline.plot(fake_ceilings(), [("op", 1e6, 1e6, 1e-3)], roofs=[("a", 1e12, 1e10), ("b", 2e12, 1e10)])
+    assert [line.get_label() for line in ax.lines] == ["a", "b"] and ax.get_ylabel() == "GFLOP/s"
+    assert max(ax.lines[1].get_ydata()) == pytest.approx(2e3)  # 2e12 FLOP/s drawn in GFLOP/s
+    assert ax.collections[0].get_offsets()[0][1] == pytest.approx(1.0)  # 1e6 FLOPs in 1 ms: 1 GFLOP/s
 
 
 def test_kernel_bound_ops_get_their_floor_at_their_shapes():

@@ -89,6 +89,7 @@ def facts() -> dict:
     cls = emulated()
     found = {
         "cpu": _cpu_name() + (f" emulating {cls.name}" if cls else ""),
+        "cpu_class": machines.own_class(cpu_flags()),  # the row of lesson 00's table: cpu-avx2 ... cpu-amx
         "cpu_cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "cpu_bf16_native": cpu_bf16_native(),

@@ -195,21 +195,24 @@ def layer_lines(rows: list[Layer]) -> list[str]:
     return out
 
 
-def plot(ceil: ceilings.Ceilings, points: list[tuple[str, float, float, float]], ax=None):
-    """Log-log roofline: FLOP/s against FLOP/byte, one roof per measured matmul format (min(rate, bandwidth x
-    intensity)), and each point (label, FLOPs, bytes, seconds) at its intensity and achieved FLOP/s."""
+def plot(ceil: ceilings.Ceilings, points: list[tuple[str, float, float, float]], ax=None,
+         roofs: list[tuple[str, float, float]] | None = None):
+    """Log-log roofline in GFLOP/s against FLOP/byte: each roof (label, FLOP/s, bytes/s) as min(rate, bandwidth x
+    intensity), by default one per format (its fastest product, the DRAM copy), and each point (label, FLOPs, bytes,
+    seconds) at its intensity and achieved rate, in black (the roofs take the colour cycle)."""
     import matplotlib.pyplot as plt
 
     ax = ax or plt.subplots(figsize=(7, 4.5))[1]
     xs = [f / b for _, f, b, _ in points if b > 0]
     lo, hi = min([0.01, *xs]) / 2, max([1000, *xs]) * 2
     grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
-    for fmt in ceil.formats():
-        ax.plot(grid, [min(ceil.rate(fmt), ceil.bandwidth * x) for x in grid], label=f"roof, {fmt} matmul")
+    roofs = roofs or [(f"roof: {fmt} products, DRAM copy", ceil.rate(fmt), ceil.bandwidth) for fmt in ceil.formats()]
+    for label, rate, bandwidth in roofs:
+        ax.plot(grid, [min(rate, bandwidth * x) / 1e9 for x in grid], label=label)
     for label, f, b, s in points:
-        ax.scatter([f / max(b, 1)], [f / s], zorder=3)
-        ax.annotate(label, (f / max(b, 1), f / s), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        ax.scatter([f / max(b, 1)], [f / s / 1e9], color="black", zorder=3)
+        ax.annotate(label, (f / max(b, 1), f / s / 1e9), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP per byte moved)",
-           ylabel="FLOP/s", title=f"roofline of {ceil.hardware} ({ceil.device}, measured ceilings)")
+           ylabel="GFLOP/s", title=f"roofline of {ceil.hardware} ({ceil.device}, measured ceilings)")
     ax.legend(fontsize=8)
     return ax
