@@ -22,7 +22,7 @@ from . import bench
 # not count, goes to that row (searched innermost first: an op the model counts inside it stays the op's)
 OVERHEAD = (("loader", "enumerate(DataLoader)"), ("optimiser (Python)", "Optimizer."),
             ("autograd engine", "autograd::engine"), ("aten wrappers and views", "aten::"))
-PYTHON = "Python between ops"  # the step's time outside every recorded event: the interpreter, module calls
+PYTHON = "Python between ops"  # the step's time outside every recorded event: the interpreter, unrecorded work
 CAUSES = {  # why a row takes longer than the model allows, as the sentence says it
     "compute": "the step runs it slower than it ran alone",
     "memory": "its kernel, not its bytes, sets its time",
@@ -31,7 +31,7 @@ CAUSES = {  # why a row takes longer than the model allows, as the sentence says
     "optimiser (Python)": "the optimiser loops over the parameters in Python",
     "autograd engine": "backward's bookkeeping per op, not in the per-op cost",
     "aten wrappers and views": "wrapper ops and views, counted as free",
-    PYTHON: "interpreter time, not in the per-op cost"}
+    PYTHON: "not inside any recorded op (Python or unrecorded work)"}
 MIN_PROFILED_S = 0.3  # seconds of profiled steps: enough steps that one slow step does not decide a row
 SENTENCE_CHARS = 120
 
@@ -133,7 +133,7 @@ def reconcile(bd: Breakdown) -> str:
               if len(bd.measured) > 1 else "one run")
     own = ("the same: no profiler overhead measured" if timing.duration(bd.profiled) == timing.duration(bd.step)
            else f"so the profiler's own overhead is {timing.duration(bd.overhead_s)} ({bd.overhead_s / bd.step:.0%})"
-           if bd.overhead_s >= 0 else "faster than timed outside it: the machine was busier while timing")
+           if bd.overhead_s >= 0 else "faster than timed outside it: the two disagree (rerun both)")
     return "\n".join([
         f"- Per step: {timing.duration(bd.step)} timed outside the profiler (median; {spread})",
         f"- under the profiler: {timing.duration(bd.profiled)} ({bd.steps} steps), {own}",
