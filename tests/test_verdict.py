@@ -163,6 +163,21 @@ def test_direction_agrees_with_the_words():
     assert verdict.direction([200], [100]) is None
 
 
+def test_outcome_is_the_lines_call_without_the_names():
+    """.outcome is the one wording a table's cell uses: what the line calls, never 'no difference' for a sure gap."""
+    small = ([102, 204, 306, 408, 510, 612], [100, 200, 300, 400, 500, 600])  # 1.02x every round: under 5 %
+    cases = [(verdict.compare(FAST, SLOW, "A", "B", paired=True), "1.71x faster"),
+             (verdict.compare(SLOW, FAST, "A", "B", paired=True), "1.71x slower"),
+             (verdict.compare(*small, "A", "B", paired=True), verdict.PRACTICAL),
+             (verdict.compare([110, 111, 109, 112, 108, 95], [100] * 6, "A", "B", paired=True), verdict.NOISE),
+             (verdict.compare(FAST[:3], SLOW[:3], "A", "B", paired=True), "too few rounds to judge"),
+             (verdict.compare([200], [100], "A", "B"), "too few runs to judge"),
+             (verdict.difference([93.4, 93.5, 93.6], [92.4, 92.5, 92.6], "A", "B", unit=" pt"), "1.00 pt higher"),
+             (verdict.difference([93.4], [92.7], "A", "B"), "too few runs to judge")]
+    for text, outcome in cases:
+        assert text.outcome == outcome and outcome in text, (text, text.outcome)
+
+
 def test_paired_accuracy_is_the_exact_mcnemar_test():
     """Same 1,000 images: 35 to 5 of 40 discordant is a difference (p < 0.001); 22 to 18 is within the test noise."""
     base = [True] * 500 + [False] * 500
@@ -173,6 +188,7 @@ def test_paired_accuracy_is_the_exact_mcnemar_test():
         better[i] = False
     text = verdict.paired_accuracy(better, base, "pruned", "fp32")
     assert text == "pruned: 3.00 pt higher than fp32 (sure: 35 of 40 differing images)", text
+    assert text.outcome == "3.00 pt higher"
     assert "exact McNemar test, 1,000 test images" in text.detail and "one training run each" in text.detail
     close = base[:]
     for i in range(500, 522):
@@ -181,6 +197,7 @@ def test_paired_accuracy_is_the_exact_mcnemar_test():
         close[i] = False
     text = verdict.paired_accuracy(close, base, "QAT", "PTQ")
     assert text == "QAT vs PTQ: no difference (50.40 % vs 50.00 %, 1,000 test images)", text
+    assert text.outcome == verdict.NOISE
     assert "22 go to QAT" in text.detail and "one training run each" in text.detail
     with pytest.raises(ValueError, match="same"):
         verdict.paired_accuracy([True], [True, False], "a", "b")

@@ -39,12 +39,13 @@ FOOTNOTE = (
 
 
 class Verdict(str):
-    """A short verdict line (the str) with `detail`, its test, interval and counts, and `called`: +1 (a better), -1
-    (b better), 0 (no (practical) difference) or None (too few rounds)."""
+    """A short verdict line (the str) with `detail`, its test, interval and counts, `called`: +1 (a better), -1
+    (b better), 0 (no (practical) difference) or None (too few rounds), and `outcome`, the line's call without the
+    names ('1.72x faster', 'no difference', 'no practical difference'): the one wording for a table's cell."""
 
-    def __new__(cls, line: str, detail: str, called: int | None) -> "Verdict":
+    def __new__(cls, line: str, detail: str, called: int | None, outcome: str) -> "Verdict":
         self = super().__new__(cls, line)
-        self.detail, self.called = detail, called
+        self.detail, self.called, self.outcome = detail, called, outcome
         return self
 
 
@@ -173,7 +174,7 @@ def compare(a: Sequence[float], b: Sequence[float], name_a: str, name_b: str, *,
                        f"{test}: {count}; it needs {need} to keep its false-positive rate at most {_pct(ALPHA)}; "
                        f"{name_a} {factor(iv.mid, better, worse)} in the "
                        f"{'median round' if paired else 'median ratio'}",
-                       None)
+                       None, f"{TOO_FEW} {'rounds' if paired else 'runs'} to judge")
     way = 1 if iv.mid > 1 else -1
     agree, total = _agreeing(a, b, higher_is_better, paired, way)
     detail = (f"{test}, {count}: {agree} of {total} {what} {better if way > 0 else worse}; "
@@ -181,16 +182,17 @@ def compare(a: Sequence[float], b: Sequence[float], name_a: str, name_b: str, *,
               f"(false-positive rate {100 * (1 - iv.level):.1f} %, at most {_pct(ALPHA)})")
     if decision:
         return Verdict(f"{name_a}: {factor(iv.mid, better, worse)} than {name_b} ({SURE}: {agree} of {total} {what})",
-                       detail, decision)
+                       detail, decision, factor(iv.mid, better, worse))
     if (iv.lo > 1 or iv.hi < 1) and (shown - 1) * (iv.mid - 1) <= 0:
         return Verdict(f"{name_a} vs {name_b}: {NOISE} ({what} and medians disagree; {count})",
-                       f"{detail}; but the medians' ratio is {factor(shown, better, worse)}: the two disagree", 0)
+                       f"{detail}; but the medians' ratio is {factor(shown, better, worse)}: the two disagree", 0,
+                       NOISE)
     if iv.lo > 1 or iv.hi < 1:
         # no factor on the line: 1.0496 prints as '1.05x', which would read as past the 5 % it is under
-        return Verdict(f"{name_a} vs {name_b}: {PRACTICAL} (a sure gap under {_pct(smallest)}; "
-                       f"{count})",
-                       f"{detail}; median {factor(iv.mid, better, worse)}, under the {_pct(smallest)} worth calling", 0)
-    return Verdict(f"{name_a} vs {name_b}: {NOISE} ({median}, {count})", detail, 0)
+        return Verdict(f"{name_a} vs {name_b}: {PRACTICAL} (a sure gap under {_pct(smallest)}; {count})",
+                       f"{detail}; median {factor(iv.mid, better, worse)}, under the {_pct(smallest)} worth calling", 0,
+                       PRACTICAL)
+    return Verdict(f"{name_a} vs {name_b}: {NOISE} ({median}, {count})", detail, 0, NOISE)
 
 
 def difference(a: Sequence[float], b: Sequence[float], name_a: str, name_b: str, *, unit: str = "",
@@ -209,18 +211,19 @@ def difference(a: Sequence[float], b: Sequence[float], name_a: str, name_b: str,
     if math.isnan(iv.lo):
         return Verdict(f"{name_a} vs {name_b}: {TOO_FEW} runs to judge ({runs}, need 2 a side)",
                        f"Student's t needs 2 runs a side, or a run-to-run spread measured elsewhere; {name_a} "
-                       f"measured {gap}", None)
+                       f"measured {gap}", None, f"{TOO_FEW} runs to judge")
     band = iv.hi - d
     src = "their own spread" if noise is None else f"run-to-run std {fmt.format(noise)}{unit} over {noise_runs} runs"
     detail = (f"Student's t, {runs}: {within} against a band of ± {fmt.format(band)}{unit} ({src}; false-positive "
               f"rate {_pct(LEVEL)}, at most {_pct(ALPHA)})")
     if abs(d) > band and abs(d) >= smallest:
         return Verdict(f"{name_a}: {gap} ({SURE}: outside ± {fmt.format(band)}{unit}, {runs})", detail,
-                       1 if d > 0 else -1)
+                       1 if d > 0 else -1, gap[:gap.rindex(" than ")])
     if abs(d) > band:
         return Verdict(f"{name_a} vs {name_b}: {PRACTICAL} ({within}, under {fmt.format(smallest)}{unit}; {runs})",
-                       f"{detail}; under the {fmt.format(smallest)}{unit} worth calling", 0)
-    return Verdict(f"{name_a} vs {name_b}: {NOISE} ({within}, within ± {fmt.format(band)}{unit}; {runs})", detail, 0)
+                       f"{detail}; under the {fmt.format(smallest)}{unit} worth calling", 0, PRACTICAL)
+    return Verdict(f"{name_a} vs {name_b}: {NOISE} ({within}, within ± {fmt.format(band)}{unit}; {runs})", detail, 0,
+                   NOISE)
 
 
 def _decimals(fmt: str) -> int:
@@ -231,11 +234,6 @@ def _decimals(fmt: str) -> int:
 def reaches(value: float, goal: float, *, higher_is_better: bool = True) -> bool:
     """Whether one figure meets its target: >= goal, or <= goal for lower-is-better targets."""
     return value >= goal if higher_is_better else value <= goal
-
-
-def past(values: Sequence[float], goal: float, higher_is_better: bool = True) -> int:
-    """How many of the values reach the goal (reaches())."""
-    return sum(reaches(v, goal, higher_is_better=higher_is_better) for v in values)
 
 
 @dataclass(frozen=True)
@@ -262,8 +260,8 @@ def against(rounds: Sequence[float], goal: float, *, value: float | None = None,
     if not rounds:
         raise ValueError("A target verdict needs at least one measurement.")
     value = statistics.median(rounds) if value is None else value
-    return TargetCheck(value=value, goal=goal, low=min(rounds), high=max(rounds),
-                       past=past(rounds, goal, higher_is_better), rounds=len(rounds),
+    return TargetCheck(value=value, goal=goal, low=min(rounds), high=max(rounds), rounds=len(rounds),
+                       past=sum(reaches(v, goal, higher_is_better=higher_is_better) for v in rounds),
                        met=reaches(value, goal, higher_is_better=higher_is_better))
 
 
@@ -296,5 +294,7 @@ def paired_accuracy(correct_a: Sequence[bool], correct_b: Sequence[bool], name_a
     if abs(d) >= band - 1e-9:  # band: the smallest gap the test calls (2k - discordant images, in points)
         agree = wins_a if d > 0 else discordant - wins_a
         return Verdict(f"{name_a}: {abs(d):.2f} pt {'higher' if d > 0 else 'lower'} than {name_b} ({SURE}: {agree:,} "
-                       f"of {discordant:,} differing images)", detail, 1 if d > 0 else -1)
-    return Verdict(f"{name_a} vs {name_b}: {NOISE} ({acc_a:.2f} % vs {acc_b:.2f} %, {n:,} test images)", detail, 0)
+                       f"of {discordant:,} differing images)", detail, 1 if d > 0 else -1,
+                       f"{abs(d):.2f} pt {'higher' if d > 0 else 'lower'}")
+    return Verdict(f"{name_a} vs {name_b}: {NOISE} ({acc_a:.2f} % vs {acc_b:.2f} %, {n:,} test images)", detail, 0,
+                   NOISE)
