@@ -127,3 +127,28 @@ def test_a_tiny_step_broken_down_for_real_groups_the_profilers_time_by_the_count
     assert total == pytest.approx(bd.profiled, rel=1e-6) or bd.overhead[breakdown.PYTHON] == 0
     assert bd.predicted == pytest.approx(roofline.step_model(bd.counts, fake_ceilings()).predicted)
     assert breakdown.explain(bd, "tiny", fake_ceilings()).startswith("tiny: ")
+
+
+def test_the_sentence_says_what_was_measured_a_floor_set_bound_and_a_memory_rows_rates():
+    """A row whose floor (the op timed alone) set its bound reads 'slower than it ran alone', whatever its class; a
+    memory row gives its measured and assumed bytes/s, not a guessed cause."""
+    ops = {"max_pool2d_with_indices": {"calls": 1, "measured": 3.5e-3, "bound": 2.6e-3, "kind": "memory",
+                                       "bytes": 14 * 2**20, "work": 2.59e-3, "alone": True}}
+    bd = breakdown.rows(breakdown.Breakdown(ops, {}, [3.5e-3], 3.5e-3, 2.6e-3, "test machine", steps=3))
+    assert breakdown.sentence(bd).endswith(breakdown.CAUSES["alone"])
+    ops = {"mul": {"calls": 4, "measured": 2.0e-3, "bound": 0.5e-3, "kind": "memory", "bytes": 50_000_000,
+                   "work": 0.5e-3, "alone": False}}
+    bd = breakdown.rows(breakdown.Breakdown(ops, {}, [2e-3], 2e-3, 0.5e-3, "test machine", steps=3))
+    line = breakdown.sentence(bd)
+    assert line.endswith("its bytes moved at 25 GB/s, the bound assumes 100 GB/s") and len(line) <= 120, line
+    del ops["mul"]["bytes"]  # no bytes: no rates, and no format field left in the line
+    assert "{" not in breakdown.sentence(breakdown.rows(bd))
+
+
+def test_a_breakdown_given_the_lessons_counts_predicts_what_they_predict():
+    """measure(counts=...) reuses the caller's count, so the explain line and the breakdown print one prediction."""
+    x = torch.randn(64, 64)
+    counts = roofline.count(lambda: x @ x, floors=True)
+    bd = breakdown.measure(lambda: x @ x, fake_ceilings(), measured=[1e-3], steps=3, counts=counts)
+    assert bd.counts is counts
+    assert bd.predicted == pytest.approx(roofline.step_model(counts, fake_ceilings()).predicted)

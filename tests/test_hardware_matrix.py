@@ -226,9 +226,10 @@ def test_printed_int8_sentence_holds_on_every_class(hardware_class, cls, ratio):
     said = [word for word in WORDS if f"x {word} than" in line]
     assert len(said) == 1 and WORDS[said[0]](ratio) or ratio == 1, line
     unit = next((f for f in ("amx_int8", "avx512_vnni", "avx_vnni") if f in spec.flags), None)  # its fastest
-    assert (f"({unit} here;" if unit else "(no VNNI/AMX here;") in line, line
+    assert (f"({unit} here" if unit else "(no VNNI/AMX here") in line, line
     assert "barely" not in line and len(line) <= 120
-    assert ("cost more than" in line) is (ratio < 1 / 1.05) and ("weight bytes" in line) is (ratio > 1.05)
+    assert "weight bytes" not in line and "cost more than" not in line  # measured, no guessed cause
+    assert ("within 5 %" in line) is (1 / 1.05 < ratio < 1.05)
 
 
 @pytest.mark.parametrize("cls", CLASSES)
@@ -255,4 +256,4 @@ def test_printed_int8_roof_lines_hold_on_every_class(hardware_class, cls):
     native = bool(spec.flags & set(hardware.CPU_INT8_FLAGS))
     assert ("of the int8 roof" in lines[1]) is native and ("no int8 roof here" in lines[1]) is (not native)
     assert all(len(line) <= 120 for line in lines), lines
-    assert "50% of the fp32 roof" in lines[0] and (not native or "50% of the int8 roof" in lines[1])
+    assert "50 % of the fp32 roof" in lines[0] and (not native or "50 % of the int8 roof" in lines[1])

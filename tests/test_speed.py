@@ -420,3 +420,17 @@ def test_default_columns_show_memory_only_for_gpu_rows():
     gpu = bench.table([{**row, "device": "cuda:0"}]).splitlines()[0]
     assert "peak_mem_mb" not in cpu and "peak_mem_mb" in gpu and "data_wait" not in cpu + gpu
     assert "data_wait" in bench.table([row], ["name", "data_wait"])
+
+
+def test_a_not_called_speedup_cell_uses_the_verdicts_words_and_warm_up_reads_as_a_duration():
+    """A sure gap under 5 % reads 'no practical difference' in the table, as on the verdict line; 'no difference'
+    stays for a gap the rule could not be sure of; warmup_s prints as a duration under 'warm-up'."""
+    base = {"name": "a", "rounds": [100.0, 101.0, 99.0, 100.0, 102.0, 98.0], "warmup_s": 0.0247}
+    near = {"name": "b", "rounds": [r * 1.02 for r in base["rounds"]], "warmup_s": 0.123}
+    noisy = {"name": "c", "rounds": [101.0, 99.0, 100.0, 103.0, 97.0, 100.0], "warmup_s": 1.5}
+    rows = bench.add_speedups([{**r, "images_per_s": statistics.median(r["rounds"])} for r in (base, near, noisy)],
+                              "a")
+    assert [bench._cell(r, "speedup") for r in rows[1:]] == [verdict.PRACTICAL, verdict.NOISE]
+    assert verdict.PRACTICAL in verdict.compare(near["rounds"], base["rounds"], "b", "a", paired=True)
+    assert [bench._cell(r, "warmup_s") for r in rows] == ["24.7 ms", "123 ms", "1.50 s"]
+    assert "| warm-up |" in bench.table(rows, ["name", "warmup_s", "speedup"])

@@ -14,7 +14,7 @@ import torch
 
 from ..base import config, hardware, results
 from ..base.errors import CourseError
-from ..measure import verdict
+from ..measure import timing, verdict
 from ..measure.timing import BenchCallback
 from ..training import runs
 
@@ -92,7 +92,8 @@ def add_speedups(rows: list[dict], baseline: str) -> list[dict]:
     """Add `speedup`, images/s relative to the row named `baseline` as the verdicts compute it (the median round ratio
     where both rows hold interleaved rounds of one length, verdict.interval; else the medians' ratio), `called`, the
     verdict's decision on it (verdict.direction over paired rounds: +1 faster, -1 slower, 0 no difference, None too
-    few rounds to judge), and a `baseline` flag, true on that row."""
+    few rounds to judge), `said`, the verdict's words where it calls none (verdict.NOISE or verdict.PRACTICAL), and a
+    `baseline` flag, true on that row."""
     base = next((r for r in rows if r["name"] == baseline), None)
     if base is None:
         raise ValueError(f"No row named {baseline!r}; rows are {[r['name'] for r in rows]}.")
@@ -107,7 +108,12 @@ def add_speedups(rows: list[dict], baseline: str) -> list[dict]:
         a, b = row.get("rounds"), base.get("rounds")
         return verdict.direction(a, b, paired=True) if a and b and len(a) == len(b) else None
 
-    return [{**r, "speedup": speedup(r), "called": called(r), "baseline": r is base} for r in rows]
+    def said(row: dict) -> str:  # verdict.compare's own words: 'no practical difference' is a sure gap under 5 %
+        line = verdict.compare(row["rounds"], base["rounds"], "", "", paired=True)
+        return verdict.PRACTICAL if verdict.PRACTICAL in line else verdict.NOISE
+
+    out = [{**r, "speedup": speedup(r), "called": called(r), "baseline": r is base} for r in rows]
+    return [{**r, "said": said(r)} if r["called"] == 0 else r for r in out]
 
 
 def saved_bytes_peak(step: Callable[[], object]) -> int:
@@ -135,14 +141,17 @@ MAX_COLUMNS = 6  # a table a reader takes in at a glance; more fields go under i
 #: default columns (+ speedup where present); peak_mem_mb only for rows measured on a GPU (on a CPU it is the process's
 #: resident memory, which says little about one configuration), data_wait where a lesson asks for it (03 teaches it)
 SHOWN = ["name", "images_per_s", "step_ms", "peak_mem_mb"]
-HEADS = {"step_ms": "step (ms)"}  # printed names; data_wait and peak_mem_mb keep the names the lessons define
+HEADS = {"step_ms": "step (ms)", "warmup_s": "warm-up"}  # printed names; data_wait and peak_mem_mb keep the names
+# the lessons define
 SHARED = ["steps", "batch_size", "precision", "device", "repeats"]  # settings named once under the table when equal
 
 
 def _cell(row: dict, col: str) -> str:
     """One table cell: floats as plain numbers, images/s with its slowest-fastest range when the row has one,
-    data_wait and test_acc as percentages."""
+    data_wait and test_acc as percentages, warmup_s as a duration."""
     fmt = lambda v: verdict.number(v) if isinstance(v, float) else str(v)  # noqa: E731  (7,770, not 7.77e+03)
+    if col == "warmup_s" and isinstance(row.get(col), float):  # seconds, in the unit that reads best: '24.7 ms'
+        return timing.duration(row[col])
     if col == "data_wait" and isinstance(row.get(col), float):  # a share of the time, as the lessons write it
         return f"{100 * row[col]:.0f} %"
     if col == "test_acc" and isinstance(row.get(col), float) and 0 <= row[col] <= 1:  # a fraction, shown as the
@@ -152,8 +161,8 @@ def _cell(row: dict, col: str) -> str:
     if col == "speedup":  # the verdict's word: '1.77x slower' (k >= 1) only where it calls a difference
         if row.get("baseline"):
             return "1x (baseline)"
-        if row.get("called") == 0:
-            return "no difference"  # its median ratio: on the verdict line, in its words (1.07x slower, not 0.93x)
+        if row.get("called") == 0:  # the verdict line's words; its median ratio is on that line (1.07x slower)
+            return row.get("said", verdict.NOISE)
         return verdict.factor(row[col]) + (" (not judged: too few rounds)" if row.get("called") is None else "")
     return fmt(row.get(col, ""))
 

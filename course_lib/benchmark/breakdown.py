@@ -25,7 +25,8 @@ OVERHEAD = (("loader", "enumerate(DataLoader)"), ("optimiser (Python)", "Optimiz
 PYTHON = "Python between ops"  # the step's time outside every recorded event: the interpreter, unrecorded work
 CAUSES = {  # why a row takes longer than the model allows, as the sentence says it
     "compute": "the step runs it slower than it ran alone",
-    "memory": "its kernel, not its bytes, sets its time",
+    "alone": "the step runs it slower than it ran alone",  # its floor (the op timed alone) set its bound
+    "memory": "its bytes moved at {rate}, the bound assumes {assumed}",  # measured, not a guessed cause
     "overhead": "its fixed cost per call is above the per-op cost",
     "loader": "each batch is fetched and collated in Python",
     "optimiser (Python)": "the optimiser loops over the parameters in Python",
@@ -72,20 +73,25 @@ def _category(event, counted: set[str]) -> str:
 
 
 def measure(step: Callable[[], object], ceil: ceilings.Ceilings, *, fmt: str = "fp32", rate: float | None = None,
-            measured: list[float] | None = None, steps: int | None = None) -> Breakdown:
-    """Break `step` down: count its ops once warm (roofline.count), time it outside the profiler (timing.time_calls,
-    unless `measured` gives seconds per step), then profile `steps` steps (enough for MIN_PROFILED_S by default)."""
+            measured: list[float] | None = None, steps: int | None = None,
+            counts: roofline.Counts | None = None) -> Breakdown:
+    """Break `step` down: count its ops once warm (roofline.count, unless `counts` gives the lesson's own count with
+    floors, so one call has one prediction), time it outside the profiler (timing.time_calls, unless `measured` gives
+    seconds per step), then profile `steps` steps (enough for MIN_PROFILED_S by default)."""
     step()  # warm: the optimiser's state exists, the first-call allocations are done
-    counts = roofline.count(step, floors=True)  # products, convolutions, pooling: their floors at these shapes
+    counts = counts or roofline.count(step, floors=True)  # products, convolutions, pooling: floors at these shapes
     measured = measured or timing.time_calls(step, min_run_time=0.2 if config.run_size().name == "smoke" else 1.0)
     steps = steps or max(3, round(MIN_PROFILED_S / statistics.median(measured)))
-    model = defaultdict(lambda: {"calls": 0, "bound": 0.0, "work": defaultdict(float)})
+    model = defaultdict(lambda: {"calls": 0, "bound": 0.0, "bytes": 0, "alone": 0.0, "work": defaultdict(float)})
     for op in counts.ops:
         b, row = roofline.op_bound(op, ceil, fmt, rate), model[op.name]
         kind = "compute" if b.seconds["compute"] >= b.seconds["memory"] else "memory"
+        work = max(b.seconds["compute"], b.seconds["memory"])
         row["calls"] += 1
-        row["bound"] += max(b.seconds["compute"], b.seconds["memory"]) + b.seconds["overhead"]
-        row["work"][kind] += max(b.seconds["compute"], b.seconds["memory"])
+        row["bound"] += work + b.seconds["overhead"]
+        row["bytes"] += op.bytes
+        row["alone"] += work if op.floor and work == max(0.0, op.floor - b.seconds["overhead"]) else 0.0  # floor's
+        row["work"][kind] += work
         row["work"]["overhead"] += b.seconds["overhead"]
     watch = timing.Stopwatch(ceil.device)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof, watch:
@@ -96,7 +102,10 @@ def measure(step: Callable[[], object], ceil: ceilings.Ceilings, *, fmt: str = "
         spent[_category(event, set(model))] += event.self_cpu_time_total / 1e6
     profiled = watch.seconds / steps
     ops = {name: {"calls": row["calls"], "measured": spent.pop(name, 0.0) / steps, "bound": row["bound"],
-                  "kind": max(row["work"], key=row["work"].get)} for name, row in model.items()}
+                  "kind": max(row["work"], key=row["work"].get), "bytes": row["bytes"],
+                  "work": row["bound"] - row["work"]["overhead"],  # the bound less the fixed cost per op
+                  "alone": row["alone"] >= 0.5 * (row["bound"] - row["work"]["overhead"])}  # floors set most of it
+           for name, row in model.items()}
     overhead = {name: s / steps for name, s in spent.items() if name != PYTHON}
     overhead[PYTHON] = max(0.0, profiled - sum(r["measured"] for r in ops.values()) - sum(overhead.values()))
     predicted = roofline.step_model(counts, ceil, fmt, rate).predicted
@@ -147,11 +156,20 @@ def sentence(bd: Breakdown) -> str:
     """One whole line (<= SENTENCE_CHARS): the row with the largest gap between measured and modelled time, its
     efficiency and why; the longest of these that fits, dropping the efficiency, then the cause (never a cut word)."""
     r = max(bd.rows, key=lambda r: r["gap"])
-    why = CAUSES.get(r["name"]) or CAUSES[r["kind"]]
+    why = CAUSES.get(r["name"]) or CAUSES["alone" if r.get("alone") else r["kind"]]
+    if r["kind"] == "memory" and r.get("bytes") and r["measured"] and r.get("work"):  # rates: measured, assumed
+        why = why.format(rate=_rate(r["bytes"] / r["measured"]), assumed=_rate(r["bytes"] / r["work"]))
+    elif "{" in why:  # a memory row without its bytes (an injected Breakdown): its time against the bound only
+        why = "it takes longer than its bytes allow"
     head = f"Largest gap: {r['name']}, {timing.duration(r['gap'])} a step over the model"
     eff = f", at {r['bound'] / r['measured']:.0%} of its bound" if r["calls"] and r["measured"] else ""
     fits = [line for line in (f"{head}{eff}: {why}", f"{head}: {why}", f"{head}{eff}") if len(line) <= SENTENCE_CHARS]
     return fits[0] if fits else head
+
+
+def _rate(bytes_per_s: float) -> str:
+    """Bytes/s as '27.4 GB/s' (3 significant figures)."""
+    return f"{bytes_per_s / 1e9:.3g} GB/s"
 
 
 def show(bd: Breakdown, top: int = 5) -> None:

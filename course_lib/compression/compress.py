@@ -9,6 +9,7 @@ No pickled Python code runs on load.
 from __future__ import annotations
 
 import copy
+import math
 import os
 import statistics
 import zlib
@@ -63,12 +64,12 @@ def int8_unit() -> str | None:
 
 
 def int8_speed_line(ratio: float, baseline: str) -> str:
-    """One short line on the measured int8 latency `ratio` (baseline's time over int8's), its why chosen by this CPU's
-    int8 unit and by the measurement itself, so it holds on every CPU class: never 'barely wins' beside a win."""
+    """One short line on the measured int8 latency `ratio` (baseline's time over int8's) and this CPU's int8 unit:
+    what was measured, no guessed cause (the roof lines, int8_roof_lines, measure the arithmetic and the weights'
+    share), so it holds on every CPU class: never 'barely wins' beside a win."""
     unit = f"{int8_unit()} here" if int8_unit() else "no VNNI/AMX here"  # what the detected CPU has
-    why = ("a quarter of the weight bytes" if ratio >= 1 + verdict.MIN_EFFECT else
-           "the int8 conversions cost more than they saved" if ratio <= 1 / (1 + verdict.MIN_EFFECT) else "within 5 %")
-    return f"compiled int8: {verdict.factor(ratio)} than {baseline} ({unit}; {why})"
+    near = abs(math.log(ratio)) < math.log(1 + verdict.MIN_EFFECT)  # a gap under 5 % either way
+    return f"compiled int8: {verdict.factor(ratio)} than {baseline} ({unit}" + ("; within 5 %)" if near else ")")
 
 
 def int8_roof_lines(flops: float, weights: int, int8_s: float, fp32_s: float, ceil) -> list[str]:
@@ -77,11 +78,11 @@ def int8_roof_lines(flops: float, weights: int, int8_s: float, fp32_s: float, ce
     bytes each reads at the bandwidth their size gets. The int8 roof only where the CPU has an int8 unit and an
     int8 ceiling was measured (VNNI/AMX); elsewhere int8 has no roof of its own here, and the line says so."""
     fp32_roof = flops / ceil.rate("fp32")
-    lines = [f"fp32: {flops / 1e9:,.3g} GFLOP in {fp32_s * 1e3:,.3g} ms, {fp32_roof / fp32_s:.0%} of the fp32 roof "
-             f"({ceil.rate('fp32') / 1e9:,.0f} GFLOP/s)"]
+    lines = [f"fp32: {flops / 1e9:,.3g} GFLOP in {fp32_s * 1e3:,.3g} ms, {100 * fp32_roof / fp32_s:.0f} % of the fp32 "
+             f"roof ({ceil.rate('fp32') / 1e9:,.0f} GFLOP/s)"]
     if hardware.cpu_int8_native() and "int8" in ceil.formats():
         int8_roof = flops / ceil.rate("int8")
-        lines.append(f"int8: the same in {int8_s * 1e3:,.3g} ms, {int8_roof / int8_s:.0%} of the int8 roof "
+        lines.append(f"int8: the same in {int8_s * 1e3:,.3g} ms, {100 * int8_roof / int8_s:.0f} % of the int8 roof "
                      f"({ceil.rate('int8') / 1e9:,.0f} GFLOP/s); the roofs allow {fp32_roof / int8_roof:.2f}x, "
                      f"measured {fp32_s / int8_s:.2f}x")
     else:

@@ -152,24 +152,24 @@ def _agreeing(a: Sequence[float], b: Sequence[float], higher_is_better: bool, pa
 
 def compare(a: Sequence[float], b: Sequence[float], name_a: str, name_b: str, *, higher_is_better: bool = True,
             paired: bool = False, better: str = "faster", worse: str = "slower",
-            smallest: float = MIN_EFFECT) -> Verdict:
+            smallest: float = MIN_EFFECT, sample: str = "run") -> Verdict:
     """'A: 1.72x faster than B (sure: 6 of 6 rounds)', 'A vs B: no difference (median 1.02x slower, 6 rounds)',
     'A vs B: no practical difference (...)' or 'A vs B: too few rounds to judge (...)', with its .detail.
 
     a, b: repeated measurements of one figure (images/s when higher_is_better, seconds otherwise). paired: the
     i-th values were measured in the same interleaved round (the sign test; 6 rounds or more), else independent
-    runs (the rank-sum test; 4 runs a side or more). smallest: the least ratio beyond 1 worth calling."""
+    runs (the rank-sum test; 4 a side or more), each a `sample` ("epoch": '9 epochs each'); smallest: the least gap."""
     iv = interval(a, b, higher_is_better=higher_is_better, paired=paired)
-    count = (f"{len(a)} round{'s' * (len(a) > 1)}" if paired else f"{len(a)} and {len(b)} runs" if len(a) != len(b)
-             else f"{len(a)} run{'s' * (len(a) > 1)} each")
+    count = (f"{len(a)} round{'s' * (len(a) > 1)}" if paired else f"{len(a)} and {len(b)} {sample}s"
+             if len(a) != len(b) else f"{len(a)} {sample}{'s' * (len(a) > 1)} each")
     median = f"median {factor(iv.mid, better, worse)}"
     shown = medians_ratio(a, b, higher_is_better=higher_is_better)
     decision = _decide(iv, smallest, shown)
     test = "sign test over paired rounds" if paired else "rank-sum test over unpaired runs"
-    what = "rounds" if paired else "run pairs"
+    what = "rounds" if paired else f"{sample} pairs"
     if decision is None:
         need = f"{iv.need}" + ("" if paired else " a side")
-        return Verdict(f"{name_a} vs {name_b}: {TOO_FEW} {'rounds' if paired else 'runs'} to judge ({count}, "
+        return Verdict(f"{name_a} vs {name_b}: {TOO_FEW} {'rounds' if paired else sample + 's'} to judge ({count}, "
                        f"need {need})",
                        f"{test}: {count}; it needs {need} to keep its false-positive rate at most {_pct(ALPHA)}; "
                        f"{name_a} {factor(iv.mid, better, worse)} in the "
