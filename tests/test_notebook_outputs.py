@@ -102,8 +102,8 @@ def breakdown_rows_above_their_roof(text: str) -> list[str]:
 LAYER_ROW = re.compile(r"^(\S+ \(\w+\)) +[\d.]+ +[\d.]+ +(?:compute|memory|overhead) +([\d.]+) +([\d.]+) \(", re.M)
 
 
-# the same rows as lesson 08 displays them (bench.show_rows: layer, MFLOP, MiB, bound, predicted, measured)
-LAYER_CELLS = re.compile(r"^\| (\S+ \(\w+\)) \| [\d.,]+ \| [\d.,]+ \| (?:compute|memory|overhead) \| "
+# the same rows as lesson 08 displays them (bench.show_rows: layer, MFLOP or '–', MiB, bound, predicted, measured)
+LAYER_CELLS = re.compile(r"^\| (\S+ \(\w+\)) \| (?:[\d.,]+|–) \| [\d.,]+ \| (?:compute|memory|overhead) \| "
                          r"([\d.,]+ (?:s|ms|µs|ns)) \| ([\d.,]+ (?:s|ms|µs|ns)) \(", re.M)
 SECONDS = {"s": 1.0, "ms": 1e-3, "µs": 1e-6, "ns": 1e-9}
 
