@@ -109,8 +109,7 @@ def add_speedups(rows: list[dict], baseline: str) -> list[dict]:
         return verdict.direction(a, b, paired=True) if a and b and len(a) == len(b) else None
 
     def said(row: dict) -> str:  # verdict.compare's own words: 'no practical difference' is a sure gap under 5 %
-        line = verdict.compare(row["rounds"], base["rounds"], "", "", paired=True)
-        return verdict.PRACTICAL if verdict.PRACTICAL in line else verdict.NOISE
+        return verdict.compare(row["rounds"], base["rounds"], "", "", paired=True).outcome
 
     out = [{**r, "speedup": speedup(r), "called": called(r), "baseline": r is base} for r in rows]
     return [{**r, "said": said(r)} if r["called"] == 0 else r for r in out]
