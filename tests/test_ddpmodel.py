@@ -1,5 +1,6 @@
 """Lesson 06's model of a data-parallel step (parallel.ddpmodel) from injected measurements: the ring's bytes, the
-link fitted from two all-reduce sizes, and the predicted efficiency. No clock, no processes."""
+link fitted from two all-reduce sizes, DDP's buckets, the predicted efficiency, its breakdown against a
+measured one and the printed reason. No clock, no processes."""
 import pytest
 
 from course_lib.parallel import ddpmodel
@@ -24,23 +25,42 @@ def test_a_tiny_all_reduce_slower_than_the_gradients_one_is_not_the_latency():
     assert latency == pytest.approx(2e-4) and bandwidth == pytest.approx(2e9)
 
 
-def test_prediction_adds_sharing_latency_and_bytes():
-    m = ddpmodel.predict(0.010, 250_000, 2, latency=1e-4, bandwidth=1e9, beside_ratio=1.3)
+def test_buckets_close_at_the_cap_in_backwards_order_and_never_split_a_tensor():
+    assert ddpmodel.buckets([100, 200, 300]) == [600]  # LeNet-like: all under 25 MiB, one bucket
+    mib = 2**20
+    # ResNet-9-like: a small first layer, then tensors of 9 MiB; backward's order is the reverse
+    assert ddpmodel.buckets([mib / 100, 9 * mib, 9 * mib, 9 * mib], 25 * mib) == [27 * mib, mib / 100]
+    assert ddpmodel.buckets([40 * mib], 25 * mib) == [40 * mib]  # one tensor above the cap: its own bucket
+    assert ddpmodel.buckets([1, 2, 3], cap=3) == [3, 3]  # closed once it holds the cap or more
+
+
+def test_prediction_uses_only_independent_parts():
+    """Compute, sharing, one latency per bucket and the ring's bytes; nothing read from a DDP step."""
+    m = ddpmodel.predict(0.010, [100_000, 150_000], 2, latency=1e-4, bandwidth=1e9, beside_ratio=1.3)
     assert m.parts["sharing the cores"] == pytest.approx(0.003)
-    assert m.parts["all-reduce latency"] == pytest.approx(1e-4)  # one bucket: 250 kB under DDP's 25 MiB cap
-    assert m.parts["all-reduce bytes"] == pytest.approx(250_000 / 1e9)
+    assert m.parts["all-reduce latency"] == pytest.approx(1e-4) and m.buckets == 1  # 250 kB: one bucket
+    assert m.parts["all-reduce bytes"] == pytest.approx(250_000 / 1e9)  # 2(N-1)/N = 1 of the bytes on 2
     assert m.step_s == pytest.approx(0.010 + 0.003 + 1e-4 + 2.5e-4)
     assert m.efficiency == pytest.approx(0.010 / m.step_s)
-    big = ddpmodel.predict(0.010, 60 * 2**20, 2, latency=1e-4, bandwidth=1e9)
-    assert big.parts["all-reduce latency"] == pytest.approx(3e-4)  # 60 MiB: three 25 MiB buckets
+    assert set(m.parts) == {"compute", "sharing the cores", "all-reduce latency", "all-reduce bytes"}
+    big = ddpmodel.predict(0.010, [20 * 2**20] * 3, 4, latency=1e-4, bandwidth=1e9)
+    assert big.buckets == 2 and big.parts["all-reduce latency"] == pytest.approx(2e-4)  # 40 + 20 MiB
+    assert big.parts["all-reduce bytes"] == pytest.approx(1.5 * 60 * 2**20 / 1e9)  # 2(N-1)/N = 1.5 on 4
     assert big.parts["sharing the cores"] == 0 and big.efficiency < 1
 
 
-def test_ddps_measured_step_beyond_the_all_reduce_is_its_own_part():
-    """What DDP's step took beyond the step beside the others, less the modelled all-reduce, is the hooks, the
-    bucket copies and the wait for the slower rank; an all-reduce that cost more than DDP's whole extra adds nothing."""
-    m = ddpmodel.predict(0.010, 250_000, 2, latency=1e-4, bandwidth=1e9, ddp_extra=0.003)
-    assert m.parts["DDP hooks, waits"] == pytest.approx(0.003 - 1e-4 - 2.5e-4)
-    assert m.step_s == pytest.approx(0.013) and m.efficiency == pytest.approx(0.010 / 0.013)
-    assert ddpmodel.predict(0.010, 250_000, 2, latency=1e-4, bandwidth=1e9, ddp_extra=1e-4).parts[
-        "DDP hooks, waits"] == 0
+def test_breakdown_leaves_what_the_model_lacks_unexplained():
+    m = ddpmodel.predict(0.010, [250_000], 2, latency=1e-4, bandwidth=1e9)  # 10.35 ms modelled
+    parts = ddpmodel.breakdown(m, measured_efficiency=0.5)  # a 20 ms measured step
+    assert parts["compute"] == pytest.approx(0.010) and parts["all-reduce"] == pytest.approx(3.5e-4)
+    assert parts["unexplained"] == pytest.approx(0.020 - 0.01035)
+    assert sum(parts.values()) == pytest.approx(0.020)
+    assert ddpmodel.breakdown(m, measured_efficiency=1.0)["unexplained"] < 0  # the model slower than measured
+
+
+def test_reason_names_the_larger_measured_cost():
+    wait = ddpmodel.reason(wait_s=2e-3, in_step_s=8e-4, alone_s=7e-4, latency=1e-4)
+    assert wait.startswith("each rank waited 1.90 ms") and len(wait) <= 110
+    slow = ddpmodel.reason(wait_s=2e-4, in_step_s=3e-3, alone_s=7e-4, latency=1e-4)
+    assert slow.startswith("the all-reduce took 3.00 ms in a step, 0.70 ms alone") and len(slow) <= 110
+    assert "not located" in ddpmodel.reason(wait_s=1e-4, in_step_s=6e-4, alone_s=7e-4, latency=1e-4)

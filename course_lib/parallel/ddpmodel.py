@@ -1,10 +1,11 @@
-"""Lesson 06's model of a data-parallel step: what N processes pay beyond one, each part measured in spawned gloo
-workers. A ring all-reduce sends 2(N-1)/N of the gradient bytes per process, at the measured bandwidth, plus a fixed
-latency per call (per DDP bucket); and on shared cores each process's own step runs slower beside the others
-(memory, cache and cores shared). The predicted scaling efficiency is one process's step over the modelled one."""
+"""Lesson 06's model of a data-parallel step, built only from what is measured apart from the DDP step it predicts:
+one process's step (the per-rank batch, the per-rank threads), sharing the cores (a plain step beside the other ranks
+against alone), and a ring all-reduce of the gradients' buckets: 2(N-1)/N of the bytes per process at the measured
+gloo bandwidth plus one measured latency per call (per DDP bucket). The predicted scaling efficiency is one
+process's step over the modelled one; what the measured step adds beyond it is left unexplained, and a hand-written
+loop in the same workers names where it goes (waiting for the other rank, or a slower all-reduce inside the step)."""
 from __future__ import annotations
 
-import math
 import os
 import statistics
 import tempfile
@@ -21,13 +22,34 @@ from .parallel import Job, toy_data, toy_model, train_steps
 
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket cap (bucket_cap_mb=25): one all-reduce call per bucket
 SIZES = (4, 2**24)  # all-reduce sizes in bytes: one is all latency, 16 MiB mostly bytes (a lesson adds its own)
-REPEATS = 7  # timed all-reduces per size, and rounds of the step alone and beside the others
+REPEATS = 7  # timed all-reduces per size, and rounds of each loop
+
+
+def _hand_steps(net, xs, ys, found: dict) -> None:
+    """The plain loop with the gradients all-reduced by hand as one flat buffer after backward, a barrier first: the
+    barrier's time is the wait for the other rank to arrive, the all-reduce's is the exchange inside a step."""
+    opt, wait, exchange = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9), 0.0, 0.0
+    for x, y in zip(xs, ys):
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+        flat = torch.cat([p.grad.reshape(-1) for p in net.parameters()])  # DDP's one bucket, by hand
+        start = time.perf_counter()
+        dist.barrier()
+        mid = time.perf_counter()
+        dist.all_reduce(flat)
+        wait, exchange = wait + mid - start, exchange + time.perf_counter() - mid
+        for p, part in zip(net.parameters(), flat.div_(dist.get_world_size()).split(
+                [p.numel() for p in net.parameters()])):
+            p.grad.copy_(part.view_as(p))  # the mean back into each .grad
+        opt.step()
+    found["wait_s"].append(wait / len(xs))
+    found["in_step_s"].append(exchange / len(xs))
 
 
 def _cost_worker(rank: int, job: Job, sizes: tuple[int, ...], repeats: int) -> None:
     job.join(rank, max(1, (os.cpu_count() or 1) // job.world))
     try:
-        found = {"allreduce_s": {}, "alone_s": [], "beside_s": [], "ddp_s": []}
+        found = {"allreduce_s": {}, "alone_s": [], "beside_s": [], "ddp_s": [], "wait_s": [], "in_step_s": []}
         for nbytes in sizes:  # the median call per size, after one untimed call that sets up gloo's buffers
             buf, took = torch.zeros(max(1, nbytes // 4)), []
             for _ in range(repeats + 1):
@@ -38,9 +60,11 @@ def _cost_worker(rank: int, job: Job, sizes: tuple[int, ...], repeats: int) -> N
             found["allreduce_s"][nbytes] = statistics.median(took[1:])
         xs, ys = toy_data(job.steps, job.batch, job.model, job.seed)  # a whole batch per process, as DDP's rows
         train_steps(DDP(toy_model(job.model, job.seed)), xs[:2], ys[:2])  # untimed warm-up: allocations, buckets
-        for mode in ("alone", "beside", "ddp") * repeats:  # rank 0 alone; every rank beside it; every rank in DDP
+        for mode in ("alone", "beside", "ddp", "hand") * repeats:  # rank 0 alone; every rank beside it; in DDP; by hand
             dist.barrier()
-            if rank == 0 or mode != "alone":
+            if mode == "hand":
+                _hand_steps(toy_model(job.model, job.seed), xs, ys, found)
+            elif rank == 0 or mode != "alone":
                 net = toy_model(job.model, job.seed)
                 net, start = DDP(net) if mode == "ddp" else net, time.perf_counter()
                 train_steps(net, xs, ys)  # ddp: backward all-reduces in buckets, each step waits for the slower rank
@@ -54,21 +78,24 @@ def _cost_worker(rank: int, job: Job, sizes: tuple[int, ...], repeats: int) -> N
 
 @dataclass(frozen=True)
 class Costs:
-    """What measure() timed: the median all-reduce seconds per size in bytes, and rank 0's seconds per step alone,
-    beside the other ranks and in DDP, one per round."""
+    """What measure() timed: the median all-reduce seconds per size in bytes; rank 0's seconds per step alone, beside
+    the other ranks and in DDP, one per round; and per round, the hand-written loop's mean wait for the other rank and
+    its all-reduce inside the step, seconds per step."""
 
     allreduce_s: dict  # bytes -> seconds
     alone_s: list
     beside_s: list
     ddp_s: list
+    wait_s: list
+    in_step_s: list
 
 
 def measure(world: int = 2, sizes: tuple[int, ...] = SIZES, repeats: int = REPEATS, model: str = "lenet",
             batch: int = 64, steps: int = 40) -> Costs:
     """In `world` spawned gloo workers: the median all-reduce seconds of each size in bytes ("allreduce_s": bytes
     -> s), and rank 0's seconds per training step of `model`: alone and with every rank stepping beside it, no
-    communication ("alone_s", "beside_s"), and every rank stepping in DDP ("ddp_s": its all-reduces in backward, its
-    hooks and bucket copies, each step waiting for the slower rank); one figure per round, the three alternating."""
+    communication ("alone_s", "beside_s"), every rank stepping in DDP ("ddp_s"), and a hand-written loop's wait for
+    the other rank and all-reduce per step ("wait_s", "in_step_s"); one figure per round, the loops alternating."""
     with tempfile.TemporaryDirectory() as tmp:
         job = Job(world=world, store=f"{tmp}/store", out=Path(tmp) / "rank0.pt", steps=steps, batch=batch,
                   model=model, seed=0)
@@ -94,26 +121,60 @@ def ring_bytes(grad_bytes: float, world: int) -> float:
     return 2 * (world - 1) / world * grad_bytes
 
 
+def buckets(tensor_bytes: list[float], cap: float = BUCKET_BYTES) -> list[float]:
+    """DDP's gradient buckets in bytes: the parameter tensors in reverse order (backward's), a bucket closed once it
+    holds `cap` bytes or more; a tensor is never split, so one above the cap ends a bucket of its own size or more."""
+    out, size = [], 0.0
+    for nbytes in reversed(tensor_bytes):
+        size += nbytes
+        if size >= cap:
+            out, size = out + [size], 0.0
+    return out + [size] if size else out
+
+
 @dataclass(frozen=True)
 class Prediction:
-    """The modelled DDP step: seconds per part (compute, sharing the cores, all-reduce latency and bytes, DDP hooks
-    and waits), their sum, and the efficiency it predicts (one process's step over the sum)."""
+    """The modelled DDP step: seconds per part (compute, sharing the cores, all-reduce latency and bytes), their sum,
+    the efficiency it predicts (one process's step over the sum), and how many buckets (all-reduce calls) it has."""
 
     parts: dict
     step_s: float
     efficiency: float
+    buckets: int
 
 
-def predict(step_s: float, grad_bytes: float, world: int, *, latency: float, bandwidth: float,
-            beside_ratio: float = 1.0, ddp_extra: float = 0.0) -> Prediction:
-    """One process's step `step_s` on N processes: its compute slowed by `beside_ratio` (the step beside the others
-    over alone), plus one latency per DDP bucket and the ring's bytes at `bandwidth`, plus what DDP's measured step
-    (plain loop) took beyond the step beside the others and those two (`ddp_extra`: its hooks and bucket copies, and
-    each step's wait for the slower rank, whose steps vary). Seconds per part, the modelled step, and the efficiency
-    it predicts (one process's step over it: weak scaling, the same batch per process)."""
+def predict(step_s: float, tensor_bytes: list[float], world: int, *, latency: float, bandwidth: float,
+            beside_ratio: float = 1.0, cap: float = BUCKET_BYTES) -> Prediction:
+    """One process's step `step_s` (per-rank batch and threads) on `world` processes: slowed by `beside_ratio` (the
+    plain step beside the others over alone), plus one `latency` per DDP bucket of the parameter tensors
+    `tensor_bytes` and the ring's bytes at `bandwidth`. No overlap with backward is credited: the last bucket (the
+    first layers' gradients) is ready only when backward ends, and earlier ones are charged in full (an upper bound
+    on the all-reduce's part; with one bucket, exact). No term is read from a DDP step."""
+    calls = buckets(tensor_bytes, cap)
     parts = {"compute": step_s, "sharing the cores": step_s * (beside_ratio - 1),
-             "all-reduce latency": latency * max(1, math.ceil(grad_bytes / BUCKET_BYTES)),
-             "all-reduce bytes": ring_bytes(grad_bytes, world) / bandwidth}
-    parts["DDP hooks, waits"] = max(0.0, ddp_extra - parts["all-reduce latency"] - parts["all-reduce bytes"])
+             "all-reduce latency": latency * len(calls),
+             "all-reduce bytes": ring_bytes(sum(tensor_bytes), world) / bandwidth}
     step = sum(parts.values())
-    return Prediction(parts, step, step_s / step)
+    return Prediction(parts, step, step_s / step, len(calls))
+
+
+def breakdown(model: Prediction, measured_efficiency: float) -> dict:
+    """Seconds per part of the measured DDP step (one process's step over the measured efficiency): compute (with
+    sharing), the modelled all-reduce, and what neither explains (negative where the model is slower)."""
+    measured = model.parts["compute"] / measured_efficiency
+    compute = model.parts["compute"] + model.parts["sharing the cores"]
+    allreduce = model.parts["all-reduce latency"] + model.parts["all-reduce bytes"]
+    return {"compute": compute, "all-reduce": allreduce, "unexplained": measured - compute - allreduce}
+
+
+def reason(wait_s: float, in_step_s: float, alone_s: float, latency: float) -> str:
+    """One line naming the larger of two measured costs of the hand-written loop: each rank's wait for the other at the
+    all-reduce (its barrier beyond one call's latency), or the all-reduce taking longer inside a step than alone."""
+    wait, slower = wait_s - latency, in_step_s - alone_s
+    if max(wait, slower) <= 0:
+        return "the loop by hand shows no wait for the other rank and no slower all-reduce: not located"
+    if wait >= slower:
+        return (f"each rank waited {1e3 * wait:.2f} ms a step for the other at the all-reduce "
+                f"(by hand; the all-reduce {1e3 * in_step_s:.2f} ms, alone {1e3 * alone_s:.2f})")
+    return (f"the all-reduce took {1e3 * in_step_s:.2f} ms in a step, {1e3 * alone_s:.2f} ms alone "
+            f"(by hand; the wait for the other rank {1e3 * wait:.2f} ms)")
