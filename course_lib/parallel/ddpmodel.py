@@ -167,12 +167,14 @@ def breakdown(model: Prediction, measured_efficiency: float) -> dict:
     return {"compute": compute, "all-reduce": allreduce, "unexplained": measured - compute - allreduce}
 
 
-def reason(wait_s: float, in_step_s: float, alone_s: float, latency: float) -> str:
-    """One line naming the larger of two measured costs of the hand-written loop: each rank's wait for the other at the
-    all-reduce (its barrier beyond one call's latency), or the all-reduce taking longer inside a step than alone."""
-    wait, slower = wait_s - latency, in_step_s - alone_s
-    if max(wait, slower) <= 0:
-        return "the loop by hand shows no wait for the other rank and no slower all-reduce: not located"
+def reason(wait_s: float, in_step_s: float, alone_s: float, latency: float, unexplained_s: float) -> str:
+    """One line on the measured step's unexplained seconds, from the hand-written loop: each rank's wait for the other
+    (its barrier beyond one call's latency) and the all-reduce's time inside a step beyond alone; the larger is named
+    where the two cover half of it or more, else how little they cover."""
+    wait, slower = max(0.0, wait_s - latency), max(0.0, in_step_s - alone_s)
+    if wait + slower < unexplained_s / 2:
+        return (f"not located: by hand, the wait for the other rank ({1e3 * wait:.2f} ms) and a slower all-reduce "
+                f"({1e3 * slower:.2f}) cover {1e3 * (wait + slower):.2f} of {1e3 * unexplained_s:.2f} ms")
     if wait >= slower:
         return (f"each rank waited {1e3 * wait:.2f} ms a step for the other at the all-reduce "
                 f"(by hand; the all-reduce {1e3 * in_step_s:.2f} ms, alone {1e3 * alone_s:.2f})")
