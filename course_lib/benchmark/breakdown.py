@@ -33,7 +33,9 @@ CAUSES = {  # why a row takes longer than the model allows, as the sentence says
     "autograd engine": "backward's bookkeeping per op, not in the per-op cost",
     "aten wrappers and views": "wrapper ops and views, counted as free",
     PYTHON: "not inside any recorded op (Python or unrecorded work)"}
-MIN_PROFILED_S = 0.3  # seconds of profiled steps: enough steps that one slow step does not decide a row
+# seconds of profiled steps: enough steps that one slow step does not decide a row; a smoke run checks the code, so
+# a short step (LeNet at batch 4: hundreds of steps, each event of them processed in Python) profiles fewer there
+MIN_PROFILED_S = {"smoke": 0.05, "full": 0.3}
 SENTENCE_CHARS = 120
 
 
@@ -80,8 +82,9 @@ def measure(step: Callable[[], object], ceil: ceilings.Ceilings, *, fmt: str = "
     seconds per step), then profile `steps` steps (enough for MIN_PROFILED_S by default)."""
     step()  # warm: the optimiser's state exists, the first-call allocations are done
     counts = counts or roofline.count(step, floors=True)  # products, convolutions, pooling: floors at these shapes
-    measured = measured or timing.time_calls(step, min_run_time=0.2 if config.run_size().name == "smoke" else 1.0)
-    steps = steps or max(3, round(MIN_PROFILED_S / statistics.median(measured)))
+    size = config.run_size().name
+    measured = measured or timing.time_calls(step, min_run_time=0.2 if size == "smoke" else 1.0)
+    steps = steps or max(3, round(MIN_PROFILED_S[size] / statistics.median(measured)))
     model = defaultdict(lambda: {"calls": 0, "bound": 0.0, "bytes": 0, "alone": 0.0, "work": defaultdict(float)})
     for op in counts.ops:
         b, row = roofline.op_bound(op, ceil, fmt, rate), model[op.name]
