@@ -314,6 +314,17 @@ def test_time_calls_reads_at_least_four_blocks_in_a_short_budget(per_call):
     assert len(seconds) >= 4 and seconds == pytest.approx([per_call] * len(seconds))
 
 
+@pytest.mark.parametrize("per_call", [0.3, 1e-5])
+def test_time_calls_with_block_s_reads_four_short_blocks(per_call):
+    """block_s (a smoke run's op floors): one warm-up call sizes the blocks to about block_s each, four of them in a
+    budget below four blocks, so the whole timing costs about five blocks, not the Timer's up to ten-times-longer
+    ones; a call slower than block_s is a block of one call."""
+    clock = WorkClock(per_call)
+    seconds = timing.time_calls(clock.work, min_run_time=0.002, block_s=0.005, clock=clock)
+    assert len(seconds) == 4 and seconds == pytest.approx([per_call] * 4)
+    assert clock.calls == 1 + 4 * max(1, round(0.005 / per_call))
+
+
 def test_time_calls_keeps_the_thread_count():
     """fn runs on this process's threads, not on torch.utils.benchmark.Timer's default of one."""
     before, seen = torch.get_num_threads(), []

@@ -28,6 +28,7 @@ POOLING = ("max_pool", "avg_pool", "adaptive_max_pool", "adaptive_avg_pool")  # 
 #: at small images (a uint8 (256, 3, 36, 40) row gather: element by element), so timed alone at their shapes too
 DATA_MOVEMENT = (*GATHERS, "constant_pad_nd", "reflection_pad", "replication_pad", "flip")
 FLOOR_SECONDS = {"smoke": 0.02, "full": 0.1}  # timed seconds per distinct op and shape (a few blocks)
+FLOOR_BLOCK_S = {"smoke": 0.005, "full": None}  # smoke: four short blocks (timing.time_calls' block_s); full: its own
 REFERENCE_BYTES = 2**16  # smaller outputs' copies take about one op's fixed cost, which the model charges already
 # passes over a step's ops (each keeps its fastest block of all of them) and a noisy timing's retries, by run size: a
 # smoke run only checks the code, so one pass and no retries (make test's time, issue 45); full keeps both
@@ -113,7 +114,7 @@ def _best(fn: Callable[[], object]) -> float:
     size, tries = config.run_size().name, []
     seconds, retries = FLOOR_SECONDS[size], FLOOR_RETRIES[size]
     while len(tries) <= retries and (not tries or max(tries[-1]) > NOISY * min(tries[-1])):  # a busy machine's
-        tries.append(timing.time_calls(fn, min_run_time=seconds))  # blocks: again
+        tries.append(timing.time_calls(fn, min_run_time=seconds, block_s=FLOOR_BLOCK_S[size]))  # blocks: again
     return min(min(t) for t in tries)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+import timeit
 from typing import Callable
 
 import lightning as L
@@ -232,14 +233,16 @@ class EpochTimer(L.Callback):
 
 
 def time_calls(fn: Callable[[], object], *, min_run_time: float = 0.2,
-               clock: Callable[[], float] | None = None) -> list[float]:
+               clock: Callable[[], float] | None = None, block_s: float | None = None) -> list[float]:
     """Seconds per call of fn(), one figure per block of calls, from torch.utils.benchmark.Timer.adaptive_autorange.
 
     The Timer warms up while it picks the block size (calls per reading, aiming at blocks of about 0.05 s), then
     times blocks until at least `min_run_time` seconds are spent and at least four blocks are read, so every
     figure comes with a spread (blocked_autorange's larger blocks fitted only one in a short budget). Its default
     clock synchronizes the GPU before each reading. It runs fn on this process's thread count (Timer's own default
-    is one thread). clock: None for the Timer's own (benchmark.timer)."""
+    is one thread). clock: None for the Timer's own (benchmark.timer). block_s: blocks of about that many seconds
+    instead, after one warm-up call (the Timer's block size grows tenfold, so its blocks can run ten times longer
+    than a short budget allows: a smoke run's op floors)."""
     # imported here, not at the top: torch.utils.benchmark imports cpp_extension, whose "No CUDA runtime" notice
     # would print before a lesson's quiet_lightning() could switch it off
     from torch.utils import benchmark
@@ -248,6 +251,10 @@ def time_calls(fn: Callable[[], object], *, min_run_time: float = 0.2,
                             num_threads=torch.get_num_threads())
     # threshold inf: stop on time and block count alone, never wait for the spread to shrink (a busy machine's
     # wouldn't); max_run_time only caps a call so slow that four blocks exceed it
+    if block_s is not None:  # the standard library's Timer on the same clock: no warm-up calls before each block
+        plain = timeit.Timer(fn, timer=clock or benchmark.timer)
+        number = max(1, round(block_s / max(plain.timeit(1), 1e-9)))  # calls per block, from the warm-up call
+        return [plain.timeit(number) / number for _ in range(max(4, math.ceil(min_run_time / block_s)))]
     measured = timer.adaptive_autorange(threshold=math.inf, min_run_time=min_run_time,
                                         max_run_time=max(MAX_RUN_TIME, 2 * min_run_time))
     return list(measured.times)
