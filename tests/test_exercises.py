@@ -118,6 +118,22 @@ def test_04_starter_pastes_and_shortcuts_fail_and_the_solution_passes():
                                                 times=wild) is False
 
 
+def test_04_times_warm_up_alternate_the_sides_and_grade_the_median_round(monkeypatch, capsys):
+    """No clock: each side runs once untimed, then the rounds swap which side goes first; the ratio graded is the
+    median of the paired rounds' ratios (verdict.interval's mid), not a ratio of the two medians."""
+    import torch
+
+    order = []
+    monkeypatch.setattr(compute.timing, "time_calls", lambda fn, min_run_time: [fn() or 1.0])
+    base = compute._Side(torch.nn.Linear(2, 2), lambda net, x, y: order.append("base"))
+    mine = compute._Side(torch.nn.Linear(2, 2), lambda net, x, y: order.append("mine"))
+    compute._04_times(base, mine, None, None, rounds=4)
+    assert order == ["base", "mine"] + ["base", "mine", "mine", "base"] * 2
+    assert len(base.seconds) == len(mine.seconds) == 4
+    assert compute._04_time_ratio([1.0, 2.0, 1.0], [1.5, 2.0, 3.0]) == pytest.approx(1.5)  # rounds 1.5x, 1x, 3x
+    assert "3 alternating rounds" in capsys.readouterr().out
+
+
 def sol_ceil():
     """Ceilings with one steady block each (no clock): the prediction's tolerance is 2x."""
     import torch
