@@ -25,6 +25,9 @@ def test_grade_misses_below_the_target(capsys):
     assert Grading().grade("Ex", [2.0, 2.0], [1.0, 1.0], target=3.0) is False
     out = capsys.readouterr().out
     assert "not yet" in out and "straddle" not in out
+    assert Grading().grade("Ex", [4.0], [1.0], target=3.0) is True  # one round (a count): no per-round spread
+    out = capsys.readouterr().out
+    assert "measured once" in out and "rounds" not in out
 
 
 def test_grade_on_noisy_rounds_lets_the_median_decide_and_says_so(capsys):

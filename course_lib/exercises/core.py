@@ -64,7 +64,8 @@ class Grading:
         where = f" on {hardware}" if hardware else ""
         print(f"{name}: {'passed' if got.met else 'not yet'} ({what}: baseline / yours = {ratio:.2f}x, target >= "
               f"{target:g}x)")
-        print(f"  {got.past} of {got.rounds} rounds past the target; per round {got.low:.2f}-{got.high:.2f}x{where}")
+        print(f"  {got.past} of {got.rounds} rounds past the target; per round {got.low:.2f}-{got.high:.2f}x{where}"
+              if got.rounds > 1 else f"  measured once{where}")  # one round: a count, the same every time
         if got.straddles:
             print("  the rounds straddle the target (a busy machine?): re-run to confirm")
         return got.met
