@@ -123,3 +123,11 @@ def test_json_and_rows_round_trip(tmp_path):
     for i in range(2):
         results.append_row(tmp_path / "b" / "runs.jsonl", {"seed": i})
     assert results.read_rows(tmp_path / "b" / "runs.jsonl") == [{"seed": 0}, {"seed": 1}]
+
+
+def test_with_unit_puts_a_factors_x_on_its_number():
+    assert results.with_unit("1.54", "x") == "1.54x"
+    assert results.with_unit("1.22", "x slower") == "1.22x slower"
+    assert results.with_unit("12.6", "s") == "12.6 s"
+    assert results.with_unit("3", "xyz") == "3 xyz"  # a unit that merely starts with x is not a factor
+    assert results.with_unit("8", "") == "8"

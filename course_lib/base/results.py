@@ -51,7 +51,8 @@ def read_rows(path: str | Path) -> list[dict]:
 
 def with_unit(number: str, unit: str) -> str:
     """A formatted number and its unit: '12.6 s', but '1.22x slower' (a factor's x sits on its number); '8' alone."""
-    return " ".join(filter(None, (number + "x" if unit.startswith("x ") else number, unit.removeprefix("x "))))
+    factor = unit == "x" or unit.startswith("x ")
+    return " ".join(filter(None, (number + "x", unit[2:])) if factor else filter(None, (number, unit)))
 
 
 def markdown_table(header: list, rows: list[list]) -> list[str]:
