@@ -54,6 +54,7 @@ from course_lib.data import sources
 from course_lib.data.sources import ImageFolderSource, open_source
 from course_lib.measure import timing, verdict
 from course_lib.training import experiments, models, muon, runs, speedrun
+from course_lib.training.twin import Twin
 from scripts import airbench_carry, lesson_checks
 from scripts.ports import airbench_muon_port, airbench_port, hiverge_port
 
@@ -153,7 +154,7 @@ def part_b(module, dm, report, *, seeds, epochs, precision, deadline, head, key=
 
 def part_c(module, dm, report, *, trials, epochs, precision, deadline, head) -> list[experiments.TwinComparison]:
     torch.manual_seed(1000)  # warm-up twin: compiles its graphs, so the timed runs exclude compilation
-    twin = speedrun.Twin(models.AirNet(module.recipe.widths), module.recipe)  # compiled once
+    twin = Twin(models.AirNet(module.recipe.widths), module.recipe)  # compiled once
     twin.fit(dm.train_dataloader(), epochs, precision)
     speedrun.evaluate_tta(twin.forward, dm.test_set.images, dm.test_set.labels, batch_size=dm.batching.eval_batch_size,
                           precision=precision)
@@ -346,7 +347,7 @@ def main() -> int:
     b = guarded(report, "b", b_head, lambda: part_b(module, dm, report, seeds=args.seeds_list, epochs=epochs,
                                                     precision=precision, deadline=deadline, head=b_head))
     c_head = ["## (c) the plain-PyTorch twin", "",
-              "speedrun.Twin.fit per seed of (b), same batches and initial weights (experiments.compare_twin), "
+              "twin.Twin.fit per seed of (b), same batches and initial weights (experiments.compare_twin), "
               "timed the same way: whitening + training, then TTA."]
     c = guarded(report, "c", c_head, lambda: part_c(module, dm, report, trials=b, epochs=epochs,
                                                     precision=precision, deadline=deadline, head=c_head))

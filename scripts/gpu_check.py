@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -78,24 +79,11 @@ def warmup_steps(size: config.RunSize) -> int:
     return max(1, size.bench_steps // 5)
 
 
-def configs(batch: int) -> list[dict]:
-    """Lesson 03 (data pipeline), 04 (precision) and 05 (compile) configurations."""
-    resnet = {"backbone": "resnet9"}
-    return [
-        {"name": "small CNN, DataLoader 8 workers", "model": {"backbone": "simple_cnn"},
-         "data": {"num_workers": 8, "pin_memory": True, "persistent_workers": True, "augment": True}},
-        {"name": "small CNN, GPU-resident data", "model": {"backbone": "simple_cnn"}, "device_data": True,
-         "data": {"augment": True}},
-        *({"name": f"ResNet-9 {c.name}", "model": resnet, "device_data": True, "tf32": c.tf32,
-           "precision": c.precision} for c in lessons.get("04_mixed_precision").configs),  # lesson 04's own
-        {"name": "ResNet-9 bf16 + compile + channels_last", "device_data": True, "precision": "bf16-mixed",
-         "model": {**resnet, "compile": True, "channels_last": True}},
-        # a GPU without bf16 (a T4, compute capability 7.5) skips the bf16 rows; lesson 05's compile then runs in
-        # the fp16 the policy picks there, so the check shows whether torch.compile works on it (or its error)
-        *([{"name": "ResNet-9 16-mixed + compile + channels_last", "device_data": True, "precision": "16-mixed",
-            "model": {**resnet, "compile": True, "channels_last": True}, "alone": True}]
-          if hardware.choose_precision() == "16-mixed" else []),
-    ]
+def configs() -> list[dict]:
+    """The lessons' GPU rows from their specs (Lesson.gpu_rows: lessons 03, 04 and 05), in course order, as the bench
+    configurations run_configs reads; a row for one precision policy only where the policy picks it."""
+    policy = hardware.choose_precision()
+    return [asdict(row) for lesson in lessons.LESSONS for row in lesson.gpu_rows if row.policy in (None, policy)]
 
 
 def step_model_lines(ceil: ceilings.Ceilings, batch: int, width: int = 64) -> list[str]:
@@ -145,7 +133,7 @@ def main() -> int:
     ceiling_lines = ["## Ceilings", "", *(f"- {line.strip()}" for line in ceil.lines()), "", kept, "",
                      "## The step model against them", "", *step_model_lines(ceil, args.batch), ""]
     runnable, skipped = [], []
-    for cfg in configs(args.batch):  # a precision this hardware lacks is skipped with the policy's reason
+    for cfg in configs():  # a precision this hardware lacks is skipped with the policy's reason
         try:
             hardware.choose_precision(cfg.get("precision", "32-true"))
             runnable.append(cfg)
@@ -158,8 +146,8 @@ def main() -> int:
             rows += bench.run_configs([cfg], make, steps=args.steps, warmup=args.warmup)
         except Exception as err:  # noqa: BLE001
             skipped.append(f"- {cfg['name']}: FAILED here: {type(err).__name__}: {str(err)[-300:]}")
-    rows = bench.add_speedups(rows, rows[0]["name"])
-    speed = {r["name"]: r["images_per_s"] for r in rows}
+    rows = bench.add_speedups(rows, rows[0].name)
+    speed = {r.name: r.images_per_s for r in rows}
     lines = [*ceiling_lines, f"Data: {source}; batch {args.batch}; {args.warmup} warm-up + {args.steps} timed steps "
              f"per row, one run each; total {time.perf_counter() - start:.0f} s.", "", bench.table(rows), "",
              "## Targets", ""]

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from course_lib.base import config, hardware, results
@@ -59,12 +60,12 @@ def main() -> int:
                                           precision=precision, warmup=warmup, steps=steps,
                                           workers=4 if gpu else 0, data=data)
             label = f"{k} GPU{'s' if k > 1 else ''}" if gpu else f"{k} CPU process{'es' if k > 1 else ''}"
-            rows.append({**row, "name": label})
-            print(f"{rows[-1]['name']}: {row['images_per_s']:,.0f} images/s", flush=True)
-    rows = bench.add_speedups(rows, rows[0]["name"])
-    base = rows[0]["images_per_s"]
-    eff = [f"- {r['name']}: {r['images_per_s'] / (r['processes'] * base):.0%} scaling efficiency "
-           f"({r['images_per_s']:,.0f} images/s vs {r['processes']} x {base:,.0f})" for r in rows[1:]]
+            rows.append(replace(row, name=label))
+            print(f"{label}: {row.images_per_s:,.0f} images/s", flush=True)
+    rows = bench.add_speedups(rows, rows[0].name)
+    base = rows[0].images_per_s
+    eff = [f"- {r.name}: {r.images_per_s / (r.processes * base):.0%} scaling efficiency "
+           f"({r.images_per_s:,.0f} images/s vs {r.processes} x {base:,.0f})" for r in rows[1:]]
 
     k = counts[-1]  # the CLI under torchrun on every device, as in docs/multi_gpu.md, for a few steps
     cli = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(k),

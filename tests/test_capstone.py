@@ -199,11 +199,17 @@ def test_airbench_runs_are_read_from_a_stand_in_package(tmp_path, monkeypatch):
     assert Path.cwd() != tmp_path / "data"
 
 
-def test_lesson_checks_name_existing_gpu_check_configs():
+def test_lesson_checks_runs_every_gpu_check_row_target_pairs_first():
+    """Part (d)'s order comes from the specs: every gpu_check row once, each target's pair before lesson 06's row,
+    the other rows after it."""
     from scripts import gpu_check, lesson_checks
 
-    assert set(lesson_checks.ORDER) - {"lesson 06"} >= {c["name"] for c in gpu_check.configs(512)}
-    assert {n for _, n, b, _ in gpu_check.TARGETS} | {b for _, _, b, _ in gpu_check.TARGETS} <= set(lesson_checks.ORDER)
+    names = [c["name"] for c in gpu_check.configs()]
+    order = lesson_checks.order(names)
+    assert sorted(order) == sorted([*names, lesson_checks.LESSON_06])
+    paired = {n for _, row, base, _ in gpu_check.TARGETS for n in (row, base)}
+    six = order.index(lesson_checks.LESSON_06)
+    assert set(order[:six]) == paired and paired <= set(names)
 
 
 def test_gpu_check_on_a_gpu_without_bf16_compiles_in_fp16(monkeypatch):
@@ -213,10 +219,10 @@ def test_gpu_check_on_a_gpu_without_bf16_compiles_in_fp16(monkeypatch):
 
     monkeypatch.setattr(hardware, "facts", lambda: {"gpu": "Tesla T4", "compute_capability": "7.5",
                                                     "bf16_native": False})
-    rows = {c["name"]: c for c in gpu_check.configs(512)}
+    rows = {c["name"]: c for c in gpu_check.configs()}
     fp16 = rows["ResNet-9 16-mixed + compile + channels_last"]
     assert fp16["precision"] == "16-mixed" and fp16["model"]["compile"]
-    assert set(rows) <= set(lesson_checks.ORDER)
+    assert set(rows) <= set(lesson_checks.order(list(rows)))
     with pytest.raises(ValueError, match="no native bf16"):
         hardware.choose_precision(rows["ResNet-9 bf16 + compile + channels_last"]["precision"])
 

@@ -146,7 +146,7 @@ def test_script_path_lightning_launches_the_ranks(tmp_path, tiny_folder, monkeyp
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     row = scaling.measure_script(2, tmp_path / "row.json", timeout=180, accelerator="cpu", model="lenet", batch=8,
                                   warmup=1, steps=2)
-    assert row["processes"] == 2 and row["batch_size"] == 16 and row["steps"] == 2 and row["images_per_s"] > 0
+    assert row.processes == 2 and row.batch_size == 16 and row.steps == 2 and row.images_per_s > 0
 
 
 def _running(p: psutil.Process) -> bool:

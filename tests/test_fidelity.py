@@ -10,6 +10,7 @@ from course_lib.data.data import to_float
 from course_lib.training import optim, speedrun
 from course_lib.training.models import AirNet, init_whitening
 from course_lib.training.speedrun import Recipe
+from course_lib.training.twin import Twin
 from scripts.ports import airbench_port as ab
 
 SMALL = (8, 16, 16)
@@ -132,7 +133,7 @@ class Replay(ab.Loader):
 
 
 class TwinReplay:
-    """The same batches in DeviceBatches' shape for speedrun.Twin.fit."""
+    """The same batches in DeviceBatches' shape for Twin.fit."""
 
     def __init__(self, images, batches):
         self.images, self.recorded, self.epoch = images, batches, 0
@@ -169,9 +170,9 @@ def test_training_matches_airbench_step_for_step(real, smoothing, bias_lr):
     net.whiten.weight.data.copy_(filters.weight)
     net.whitened.fill_(True)
     recipe = Recipe(SMALL, batch_size=12, lookahead_every=0, label_smoothing=smoothing, bias_scale=bias_lr, **common)
-    twin = speedrun.Twin(net, recipe).fit(TwinReplay(images, batches), epochs, "32-true")
-    assert len(twin["losses"]) == len(port["losses"]) == 10 and port["losses"].std() > 1e-3
-    torch.testing.assert_close(twin["losses"], port["losses"], rtol=1e-4, atol=1e-5)
+    twin = Twin(net, recipe).fit(TwinReplay(images, batches), epochs, "32-true")
+    assert len(twin.losses) == len(port["losses"]) == 10 and port["losses"].std() > 1e-3
+    torch.testing.assert_close(twin.losses, port["losses"], rtol=1e-4, atol=1e-5)
     assert_same_state(net, port["model"], rtol=1e-4, atol=1e-5)
 
 

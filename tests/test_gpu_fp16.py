@@ -8,6 +8,7 @@ from course_lib.data.ondevice import AlternatingFlipTranslate, DeviceBatches
 from course_lib.training import speedrun
 from course_lib.training.models import AirNet
 from course_lib.training.speedrun import Recipe, SpeedrunModule
+from course_lib.training.twin import Twin
 
 SMALL = (8, 16, 16)
 T4 = {"gpu": "Tesla T4", "compute_capability": "7.5", "bf16_native": False, "cpu_bf16_native": False}
@@ -24,7 +25,7 @@ def test_t4_policy_trains_module_and_twin_in_fp16_with_a_grad_scaler(real, monke
     images, labels = real[0][:24], real[1][:24]
     recipe = Recipe(widths=SMALL, batch_size=8, whiten_bias_epochs=1)
     L.seed_everything(0, verbose=False)
-    fp32 = speedrun.Twin(AirNet(SMALL), recipe).fit(batches(images, labels), 2, "32-true")["losses"]
+    fp32 = Twin(AirNet(SMALL), recipe).fit(batches(images, labels), 2, "32-true").losses
     monkeypatch.setattr(hardware, "facts", lambda: T4)
     assert hardware.choose_precision() == "16-mixed"
     L.seed_everything(0, verbose=False)
@@ -34,10 +35,10 @@ def test_t4_policy_trains_module_and_twin_in_fp16_with_a_grad_scaler(real, monke
     assert trainer.precision == "16-mixed" and trainer.precision_plugin.scaler is not None
     lit = torch.stack(module.step_losses).float()
     L.seed_everything(0, verbose=False)
-    twin = speedrun.Twin(AirNet(SMALL), recipe).fit(batches(images, labels), 2)
-    assert twin["precision"] == "16-mixed" and twin["loss_scale"] > 0
-    assert len(lit) == len(twin["losses"]) == 6 and torch.isfinite(twin["losses"]).all()
-    torch.testing.assert_close(twin["losses"], lit, rtol=1e-3, atol=1e-3)
-    assert (twin["losses"] - fp32).abs().max() > 1e-5  # fp16 autocast really ran: fp32's curve differs
-    acc = speedrun.evaluate_tta(twin["net"], images, labels, batch_size=8, precision="16-mixed")
+    twin = Twin(AirNet(SMALL), recipe).fit(batches(images, labels), 2)
+    assert twin.precision == "16-mixed" and twin.loss_scale > 0
+    assert len(lit) == len(twin.losses) == 6 and torch.isfinite(twin.losses).all()
+    torch.testing.assert_close(twin.losses, lit, rtol=1e-3, atol=1e-3)
+    assert (twin.losses - fp32).abs().max() > 1e-5  # fp16 autocast really ran: fp32's curve differs
+    acc = speedrun.evaluate_tta(twin.net, images, labels, batch_size=8, precision="16-mixed")
     assert 0 <= acc <= 1

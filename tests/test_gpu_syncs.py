@@ -24,6 +24,7 @@ from course_lib.training.loops import train_plain
 from course_lib.training.models import AirNet, LeNet, SimpleCNN
 from course_lib.training.modules import ImageClassifierModule
 from course_lib.training.speedrun import Recipe, SpeedrunModule
+from course_lib.training.twin import Twin
 
 SMALL = (8, 16, 16)
 BATCH = 4  # images per step; 8 steps of 4 fit the tiny folder's 48 training images
@@ -159,7 +160,7 @@ def test_device_batches_read_nothing_on_the_host_per_batch(real, augment, replic
 
 def test_lightning_and_the_twin_make_no_host_sync_per_step(real):
     """Lesson 08: the module under the timing Trainer with BenchCallback (lessons 03-08's timed fits) and
-    speedrun.Twin (the capstone's other side): 0 host reads per step on each, hence equal."""
+    Twin (the capstone's other side): 0 host reads per step on each, hence equal."""
     recipe = Recipe(widths=SMALL, batch_size=BATCH, whiten_bias_epochs=1)
 
     def lightning(steps):
@@ -169,7 +170,7 @@ def test_lightning_and_the_twin_make_no_host_sync_per_step(real):
                                                                                      train_dataloaders=batches)
 
     def twin(steps):
-        speedrun.Twin(AirNet(SMALL), recipe).fit(speedrun_batches(real, steps), 1, "32-true")
+        Twin(AirNet(SMALL), recipe).fit(speedrun_batches(real, steps), 1, "32-true")
 
     counted = {side: per_step(run) for side, run in (("lightning", lightning), ("twin", twin))}
     assert counted == {"lightning": NONE, "twin": NONE}, counted
@@ -189,7 +190,7 @@ def test_fp16_pays_one_loss_scaler_read_per_step_on_both_sides(real, monkeypatch
         speedrun.make_trainer(1, "16-mixed").fit(module, train_dataloaders=batches)
 
     def twin(steps):
-        speedrun.Twin(AirNet(SMALL), recipe).fit(speedrun_batches(real, steps), 1, "16-mixed")
+        Twin(AirNet(SMALL), recipe).fit(speedrun_batches(real, steps), 1, "16-mixed")
 
     counted = {side: per_step(run) for side, run in (("lightning", lightning), ("twin", twin))}
     assert counted == {"lightning": {"reads": 1, "aten": 1}, "twin": {"reads": 1, "aten": 1}}, counted

@@ -50,7 +50,7 @@ DECISIONS = {
     "lesson 04 full training images": lambda: config.run_size("04_mixed_precision", size="full").train_subset,
     "lesson 08 full batch": lambda: config.run_size("08_capstone", size="full").batch_size,
     "gpu_check compiles in fp16": lambda: any(c["precision"] == "16-mixed" and c["model"].get("compile")
-                                              for c in gpu_check.configs(64) if "precision" in c),
+                                              for c in gpu_check.configs()),
     "GPU peak in the trained format": lambda: (flops.peak_tflops(precision=hardware.number_format(
         hardware.choose_precision())) is not None) if hardware.has_gpu() else None,
 }

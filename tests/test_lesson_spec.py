@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from course_lib import exercises
-from course_lib.base import config, lessons, results
+from course_lib.base import config, hardware, lessons, results
+from course_lib.benchmark import bench
 from course_lib.entry import runner
 
 REPO = Path(__file__).resolve().parents[1]
@@ -102,11 +103,27 @@ def test_spec_targets_name_gpu_check_rows():
     """Each lesson spec's GPU target compares two rows gpu_check runs (its TARGETS come from the specs)."""
     from scripts import gpu_check
 
-    rows = {c["name"] for c in gpu_check.configs(64)}
+    rows = {c["name"] for c in gpu_check.configs()}
     for spec in lessons.LESSONS:
         for target in spec.targets:
             assert {target.config, target.baseline} <= rows, (spec.name, target)
     assert [t[0] for t in gpu_check.TARGETS] == [s.number for s in lessons.LESSONS for _ in s.targets]
+
+
+def test_gpu_check_rows_are_the_specs_gpu_rows(monkeypatch):
+    """gpu_check runs each lesson spec's gpu_rows, in course order, as the bench configurations run_configs reads; a
+    row for one precision policy (lesson 05's fp16 compile) only where the policy picks it."""
+    from scripts import gpu_check
+
+    monkeypatch.setattr(hardware, "choose_precision", lambda *a, **k: "bf16-mixed")
+    rows = [r for spec in lessons.LESSONS for r in spec.gpu_rows]
+    assert [c["name"] for c in gpu_check.configs()] == [r.name for r in rows if r.policy is None]
+    assert {spec.number for spec in lessons.LESSONS if spec.gpu_rows} == {"03", "04", "05"}
+    monkeypatch.setattr(hardware, "choose_precision", lambda *a, **k: "16-mixed")
+    fp16 = [c for c in gpu_check.configs() if c["policy"] == "16-mixed"]
+    assert [c["name"] for c in fp16] == ["ResNet-9 16-mixed + compile + channels_last"] and fp16[0]["alone"]
+    cfg = bench.BenchConfig.of(gpu_check.configs()[0])  # what run_configs reads of a row
+    assert (cfg.name, cfg.precision, cfg.build["model"]) == (rows[0].name, rows[0].precision, rows[0].model)
 
 
 #: code that trains or times: a notebook section holding it has a spec section (base.workloads), with its work or a note
@@ -155,7 +172,7 @@ def test_benchmark_configurations_come_from_the_spec():
     gpu_check runs each on a GPU as 'ResNet-9 <name>'."""
     from scripts import gpu_check
 
-    rows = {c["name"] for c in gpu_check.configs(64)}
+    rows = {c["name"] for c in gpu_check.configs()}
     for spec in (s for s in lessons.LESSONS if s.configs):
         assert "lessons.get(LESSON).configs" in code(REPO / "notebooks" / f"{spec.name}.ipynb"), spec.name
         assert {f"ResNet-9 {c.name}" for c in spec.configs} <= rows, spec.name

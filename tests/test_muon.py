@@ -11,6 +11,7 @@ from course_lib.base import hardware
 from course_lib.data.data import to_float
 from course_lib.data.ondevice import DeviceBatches
 from course_lib.training import muon, optim, speedrun
+from course_lib.training.twin import Twin
 from scripts.ports import airbench_muon_port as port
 
 SHAPES = [(16, 216), (32, 288), (64, 32), (48, 48 * 9)]  # flattened conv banks (out, in x 9), a tall matrix
@@ -298,7 +299,7 @@ def test_module_and_twin_start_from_the_drawn_whitening_bias(tiny_folder, sessio
     assert run.steps == len(dm.train_dataloader()) and drawn.abs().max() > 0.1
     torch.testing.assert_close(module.net.whiten.bias.detach(), drawn, rtol=0, atol=0)
     twin = experiments.compare_twin(module, dm, run, epochs=1, precision="32-true")
-    torch.testing.assert_close(twin.twin["net"].whiten.bias.detach(), drawn, rtol=0, atol=0)
+    torch.testing.assert_close(twin.twin.net.whiten.bias.detach(), drawn, rtol=0, atol=0)
 
 
 def test_lightning_trains_as_airbench94_muons_loop_from_one_start(hardware_class, tiny_folder, session_data_root):
@@ -336,9 +337,9 @@ def test_twin_trains_the_muon_recipe():
     torch.manual_seed(0)
     images = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8)
     labels = (images.float().mean((1, 2, 3)) > images.float().mean()).long()  # a learnable rule: bright or dark
-    out = speedrun.Twin(speedrun.recipe_net(recipe), recipe).fit(DeviceBatches(images, labels, 32, shuffle=True), 6)
-    assert len(out["losses"]) == 12 and torch.isfinite(out["losses"]).all()
-    assert out["losses"][-2:].mean() < out["losses"][:2].mean()
+    out = Twin(speedrun.recipe_net(recipe), recipe).fit(DeviceBatches(images, labels, 32, shuffle=True), 6)
+    assert len(out.losses) == 12 and torch.isfinite(out.losses).all()
+    assert out.losses[-2:].mean() < out.losses[:2].mean()
     assert optim.linear_decay(12, 12) == 0 and optim.linear_decay(0, 12) == 1
 
 

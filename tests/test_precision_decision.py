@@ -15,6 +15,7 @@ from course_lib.benchmark import bench
 from course_lib.entry import cli
 from course_lib.parallel import scaling
 from course_lib.training import experiments, runs, speedrun, tta
+from course_lib.training.twin import Twin
 
 ROOT = Path(course_lib.__file__).parent
 #: Lightning's precision names, full and short, as string literals ("32", "16" and "bf16" alone name formats too
@@ -54,7 +55,7 @@ def test_no_trainer_is_built_outside_the_one_wiring_point():
 
 @pytest.mark.parametrize("entry, parameter", [
     (runs.trainer_kwargs, "precision"), (runs.trainer, "precision"), (speedrun.make_trainer, "precision"),
-    (speedrun.Twin.fit, "precision"), (experiments.run_seed, "precision"), (experiments.seed_runs, "precision"),
+    (Twin.fit, "precision"), (experiments.run_seed, "precision"), (experiments.seed_runs, "precision"),
     (experiments.compare_twin, "precision"), (tta.evaluate_tta, "precision"),
 ])
 def test_every_training_entry_point_defaults_to_the_policy(entry, parameter):

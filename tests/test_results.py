@@ -5,14 +5,17 @@ import importlib.machinery
 import json
 import sys
 import types
+from dataclasses import replace
 
 import pytest
 import torch
 
 from course_lib.base import hardware, results
 from course_lib.base.errors import CourseError
+from course_lib.base.records import BenchRow
 
-ROW = {"name": "x", "images_per_s": 123.5, "step_ms": 4.0, "batch_size": 8, "precision": "32-true"}
+ROW = BenchRow("x", 123.5, step_ms=4.0, peak_mem_mb=1.0, data_wait=0.0, warmup_s=0.0, steps=1, batch_size=8,
+               device="cpu", precision="32-true")
 
 
 @pytest.fixture
@@ -49,16 +52,16 @@ def test_record_and_load_round_trip(build):
 
 def test_save_rows_writes_the_rows_and_records_their_throughput(build):
     """The rows file holds the rows, size and hardware facts; each row's images/s becomes one of the figures."""
-    path = results.save_rows([ROW, {**ROW, "name": "y", "images_per_s": 50.0}], "99_test")
+    path = results.save_rows([ROW, replace(ROW, name="y", images_per_s=50.0)], "99_test")
     assert path == build / "results" / "bench-99_test.json"
     data = json.loads(path.read_text())
-    assert data["rows"][0] == ROW and data["lesson"] == "99_test" and data["size"] == "smoke"
+    assert data["rows"][0] == ROW.to_json() and data["lesson"] == "99_test" and data["size"] == "smoke"
     assert data["hardware"]["torch"] == torch.__version__
     assert [(f["name"], f["value"]) for f in results.load("99_test")] == [("x images/s", 123.5),
                                                                         ("y images/s", 50.0)]
     assert "batch 8, 32-true, median step 4 ms" in results.load("99_test")[0]["note"]
     # a step time in plain digits, never e-notation (1,234 ms was '1.23e+03 ms')
-    results.save_rows([{**ROW, "step_ms": 1234.0}], "99_test")
+    results.save_rows([replace(ROW, step_ms=1234.0)], "99_test")
     assert {f["name"]: f["note"] for f in results.load("99_test")}["x images/s"].endswith("median step 1,234 ms")
 
 

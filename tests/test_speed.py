@@ -1,5 +1,7 @@
 """bench harness and its timing, GPU-resident data module (lesson 03-05 foundations); precision: test_config_policy."""
+import dataclasses
 import itertools
+import json
 import random
 import statistics
 from types import SimpleNamespace
@@ -7,7 +9,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from course_lib.base import results
 from course_lib.base.errors import CourseError
+from course_lib.base.records import BenchRow
 from course_lib.benchmark import bench
 from course_lib.data.data import CIFAR10DataModule
 from course_lib.data.ondevice import OnDevice
@@ -19,6 +23,12 @@ from course_lib.training.modules import ImageClassifierModule
 @pytest.fixture
 def dm_kwargs(tiny_folder, session_data_root):
     return dict(image_folder=str(tiny_folder), data_dir=str(session_data_root), batch_size=8, seed=3)
+
+
+def bench_row(name: str, images_per_s: float = 1.0, **kw) -> BenchRow:
+    """A BenchRow with the given figures; the rest placeholders (a CPU row of 8 images per step)."""
+    figures = dict(step_ms=1.0, peak_mem_mb=1.0, data_wait=0.0, warmup_s=0.0, steps=1, batch_size=8, device="cpu")
+    return BenchRow(name, images_per_s, **{**figures, **kw})
 
 
 class FakeClock:
@@ -33,11 +43,12 @@ class FakeClock:
 
 
 def test_bench_row_has_the_fields(dm_kwargs):
-    """A bench row carries every documented field, with sane values."""
+    """A bench row is a BenchRow named and with its precision, with sane values; one run is its own spread."""
     row = bench.bench(ImageClassifierModule("simple_cnn"), CIFAR10DataModule(**dm_kwargs), "base", steps=3, warmup=1)
-    assert set(bench.FIELDS) <= set(row)
-    assert row["images_per_s"] > 0 and row["step_ms"] > 0 and 0 <= row["data_wait"] < 1
-    assert row["peak_mem_mb"] > 0 and row["batch_size"] == 8 and row["steps"] == 3
+    assert isinstance(row, BenchRow) and (row.name, row.precision, row.device) == ("base", "32-true", "cpu")
+    assert row.images_per_s > 0 and row.step_ms > 0 and 0 <= row.data_wait < 1
+    assert row.peak_mem_mb > 0 and row.batch_size == 8 and row.steps == 3
+    assert row.images_per_s_min == row.images_per_s_max == row.images_per_s
 
 
 def test_bench_arithmetic_on_a_fake_clock(dm_kwargs):
@@ -45,17 +56,17 @@ def test_bench_arithmetic_on_a_fake_clock(dm_kwargs):
     row = bench.bench(ImageClassifierModule("simple_cnn"), CIFAR10DataModule(**dm_kwargs), "fake", steps=4,
                       warmup=1, clock=FakeClock(1.0))
     # each step reads the clock at start and end (1 s apart); consecutive step ends are 2 s apart
-    assert row["step_ms"] == pytest.approx(1000.0)
-    assert row["images_per_s"] == pytest.approx(8 / 2.0)
-    assert row["data_wait"] == pytest.approx(0.5)
+    assert row.step_ms == pytest.approx(1000.0)
+    assert row.images_per_s == pytest.approx(8 / 2.0)
+    assert row.data_wait == pytest.approx(0.5)
 
 
 def test_scaling_measures_through_the_bench_harness(dm_kwargs):
     """scaling.measure (lesson 06) is bench.bench with DDPBenchCallback: one process gives a full row named for it."""
     row = scaling.measure(lambda: (ImageClassifierModule("simple_cnn"), CIFAR10DataModule(**dm_kwargs)), devices=1,
                           steps=3, warmup=1)
-    assert set(bench.FIELDS) <= set(row) and row["name"] == "1 x cpu"
-    assert row["processes"] == 1 and row["batch_size"] == 8 and row["steps"] == 3
+    assert isinstance(row, BenchRow) and row.name == "1 x cpu"
+    assert row.processes == 1 and row.batch_size == 8 and row.steps == 3
 
 
 def test_run_configs_reads_a_bench_config_or_a_lessons_dict_and_hands_make_it_as_given(monkeypatch):
@@ -63,7 +74,7 @@ def test_run_configs_reads_a_bench_config_or_a_lessons_dict_and_hands_make_it_as
     a name is a CourseError that asks for one."""
     benched, made = [], []
     monkeypatch.setattr(bench, "bench", lambda module, dm, name, **kw: benched.append((name, kw)) or
-                        {"name": name, "images_per_s": 1.0, "warmup_s": 0.0})
+                        bench_row(name))
     typed = bench.BenchConfig("bf16", "bf16-mixed", {"devices": 1}, {"model": "lenet"})
     lesson = {"name": "bf16", "precision": "bf16-mixed", "trainer": {"devices": 1}, "model": "lenet"}
     bench.run_configs([typed, lesson], lambda cfg: made.append(cfg) or (None, None), steps=2, warmup=1)
@@ -76,9 +87,9 @@ def test_run_configs_reads_a_bench_config_or_a_lessons_dict_and_hands_make_it_as
 
 def test_speedups_are_ratios_to_the_baseline():
     """speedup = images/s over the baseline's images/s; an unknown baseline is an error."""
-    rows = [{"name": "a", "images_per_s": 100.0}, {"name": "b", "images_per_s": 250.0}]
+    rows = [bench_row("a", 100.0), bench_row("b", 250.0)]
     out = bench.add_speedups(rows, "a")
-    assert [r["speedup"] for r in out] == [1.0, 2.5]
+    assert [r.speedup for r in out] == [1.0, 2.5] and [r.baseline for r in out] == [True, False]
     with pytest.raises(ValueError, match="No row named"):
         bench.add_speedups(rows, "c")
 
@@ -86,12 +97,12 @@ def test_speedups_are_ratios_to_the_baseline():
 def test_speedups_follow_the_verdicts_median_round_ratio():
     """With interleaved rounds the speedup is the median round ratio, as verdict.compare reads it, not the ratio of
     the two medians (1.0 in the second case, where the rounds put b behind a: 0.95)."""
-    base = {"name": "a", "images_per_s": 100.0, "rounds": [100.0, 100.0, 60.0]}
-    other = {"name": "b", "images_per_s": 100.0, "rounds": [100.0, 90.0, 200.0]}
+    base = bench_row("a", 100.0, rounds=(100.0, 100.0, 60.0))
+    other = bench_row("b", 100.0, rounds=(100.0, 90.0, 200.0))
     out = bench.add_speedups([base, other], "a")
-    assert out[1]["speedup"] == pytest.approx(1.0) and out[0]["speedup"] == 1.0
-    other["rounds"] = [90.0, 95.0, 300.0]  # medians 100 vs 100 -> 1.0; round ratios 0.9, 0.95, 5 -> median 0.95
-    assert bench.add_speedups([base, other], "a")[1]["speedup"] == pytest.approx(0.95)
+    assert out[1].speedup == pytest.approx(1.0) and out[0].speedup == 1.0
+    other = bench_row("b", 100.0, rounds=(90.0, 95.0, 300.0))  # medians 100 vs 100 -> 1.0; round ratios 0.9, 0.95, 5
+    assert bench.add_speedups([base, other], "a")[1].speedup == pytest.approx(0.95)  # -> median 0.95
     table = bench.table(bench.add_speedups([base, other], "a"))  # 3 rounds: too few for the sign test to judge
     assert "| 1x (baseline) |" in table and "| 1.05x slower (not judged: too few rounds) |" in table
 
@@ -99,15 +110,13 @@ def test_speedups_follow_the_verdicts_median_round_ratio():
 def test_speedup_column_says_what_the_verdict_says():
     """Six paired rounds: the column prints a direction only where verdict.compare calls one, and 'no difference'
     where it does not; a 1.5x gap in every round is called."""
-    base = {"name": "a", "rounds": [100.0, 101.0, 99.0, 100.0, 102.0, 98.0]}
-    same = {"name": "b", "rounds": [101.0, 99.0, 100.0, 103.0, 97.0, 100.0]}
-    fast = {"name": "c", "rounds": [150.0, 152.0, 148.0, 151.0, 153.0, 147.0]}
-    rows = [{**r, "images_per_s": statistics.median(r["rounds"])} for r in (base, same, fast)]
-    out = bench.add_speedups(rows, "a")
-    assert [r["called"] for r in out] == [0, 0, 1]
-    cells = [bench._cell(r, "speedup") for r in out]
+    rounds = {"a": (100.0, 101.0, 99.0, 100.0, 102.0, 98.0), "b": (101.0, 99.0, 100.0, 103.0, 97.0, 100.0),
+              "c": (150.0, 152.0, 148.0, 151.0, 153.0, 147.0)}
+    out = bench.add_speedups([bench_row(n, statistics.median(r), rounds=r) for n, r in rounds.items()], "a")
+    assert [r.called for r in out] == [0, 0, 1]
+    cells = [bench._cell(bench.cells(r), "speedup") for r in out]
     assert cells[0] == "1x (baseline)" and cells[1].startswith("no difference") and cells[2] == "1.50x faster"
-    assert verdict.direction(fast["rounds"], base["rounds"], paired=True) == 1
+    assert verdict.direction(list(rounds["c"]), list(rounds["a"]), paired=True) == 1
 
 
 def test_no_row_with_higher_median_images_per_s_is_labelled_slower():
@@ -119,20 +128,33 @@ def test_no_row_with_higher_median_images_per_s_is_labelled_slower():
         base = [1000 * d * rng.lognormvariate(0, 0.05) for d in drift]
         gain = rng.choice([0.8, 0.95, 1.0, 1.05, 1.25])
         other = [1000 * gain * d * rng.lognormvariate(0, 0.2) for d in drift]
-        rows = bench.add_speedups([bench.median_row([{"name": "a", "images_per_s": v} for v in base]),
-                                   bench.median_row([{"name": "b", "images_per_s": v} for v in other])], "a")
-        cell, higher = bench._cell(rows[1], "speedup"), rows[1]["images_per_s"] > rows[0]["images_per_s"]
+        rows = bench.add_speedups([bench.median_row([bench_row("a", v) for v in base]),
+                                   bench.median_row([bench_row("b", v) for v in other])], "a")
+        cell, higher = bench._cell(bench.cells(rows[1]), "speedup"), rows[1].images_per_s > rows[0].images_per_s
         assert not (higher and "slower" in cell) and not (not higher and "faster" in cell), (base, other, cell)
 
 
 def test_median_row_keeps_the_median_run_and_the_rounds_spread():
     """Three rounds of one configuration: the median run's fields, the fastest and slowest images/s as the spread
     (not the median run's own single figure), and the images/s in round order for paired verdicts."""
-    done = [{"name": "a", "images_per_s": v, "step_ms": 1e3 / v} for v in (300.0, 100.0, 200.0)]
-    row = bench.median_row(done)
-    assert row["images_per_s"] == 200.0 and row["step_ms"] == 5.0
-    assert (row["images_per_s_min"], row["images_per_s_max"]) == (100.0, 300.0)
-    assert row["rounds"] == [300.0, 100.0, 200.0] and row["repeats"] == 3
+    done = [bench_row("a", v, step_ms=1e3 / v) for v in (300.0, 100.0, 200.0)]
+    median = bench.median_row(done)
+    assert median.images_per_s == 200.0 and median.step_ms == 5.0
+    assert (median.images_per_s_min, median.images_per_s_max) == (100.0, 300.0)
+    assert median.rounds == (300.0, 100.0, 200.0) and median.repeats == 3
+
+
+def test_a_bench_row_round_trips_through_json_and_a_results_file(tmp_path, monkeypatch):
+    """BenchRow.to_json is plain JSON (rounds a list) and from_json gives the same row back, through save_rows's file
+    too; a key the record lacks is an error, not a silent loss."""
+    monkeypatch.setenv("COURSE_BUILD", str(tmp_path))
+    rows = bench.add_speedups([bench.median_row([bench_row("a", v) for v in (3.0, 1.0, 2.0)]),
+                               bench.median_row([bench_row("b", v) for v in (6.0, 2.0, 4.0)])], "a")
+    assert [BenchRow.from_json(json.loads(json.dumps(r.to_json()))) for r in rows] == rows
+    assert isinstance(rows[0].to_json()["rounds"], list)
+    assert results.load_rows(results.save_rows(rows, "99_test")) == rows
+    with pytest.raises(TypeError, match="colour"):
+        BenchRow.from_json({**rows[0].to_json(), "colour": "red"})
 
 
 def test_too_few_steps_is_a_clear_error(dm_kwargs):
@@ -260,8 +282,8 @@ def test_bench_rows_count_every_process():
     """With `world` processes in lock-step, the row's images/s and batch are rank 0's times world (known clock)."""
     rows = {world: run_callback_window(1, 4, timing.BenchCallback(1, 4, FakeClock(1.0)), "cpu", world).summary(
         torch.device("cpu")) for world in (1, 2)}
-    assert rows[1]["images_per_s"] == pytest.approx(8 / 2.0) and rows[2]["images_per_s"] == pytest.approx(8.0)
-    assert (rows[1]["batch_size"], rows[2]["batch_size"], rows[2]["processes"]) == (8, 16, 2)
+    assert rows[1].images_per_s == pytest.approx(8 / 2.0) and rows[2].images_per_s == pytest.approx(8.0)
+    assert (rows[1].batch_size, rows[2].batch_size, rows[2].processes) == (8, 16, 2)
 
 
 def test_ddp_bench_callback_row_comes_from_rank_0(tmp_path):
@@ -271,7 +293,7 @@ def test_ddp_bench_callback_row_comes_from_rank_0(tmp_path):
     cb.on_train_end(SimpleNamespace(is_global_zero=False), cpu)
     assert cb.summary(torch.device("cpu")) is None
     cb.on_train_end(SimpleNamespace(is_global_zero=True), cpu)
-    assert cb.summary(torch.device("cpu"))["processes"] == 2 and out.exists()
+    assert cb.summary(torch.device("cpu")).processes == 2 and out.exists()
 
 
 class WorkClock:
@@ -426,9 +448,9 @@ def test_measures_reads_recorded_figures_in_human_units():
 def test_default_columns_show_memory_only_for_gpu_rows():
     """bench.table's default columns: peak_mem_mb where the rows ran on a GPU (on a CPU it is the process's resident
     memory), and data_wait only where a lesson names it."""
-    row = {"name": "a", "images_per_s": 100.0, "step_ms": 5.0, "peak_mem_mb": 900.0, "data_wait": 0.1}
-    cpu = bench.table([{**row, "device": "cpu"}]).splitlines()[0]
-    gpu = bench.table([{**row, "device": "cuda:0"}]).splitlines()[0]
+    row = bench_row("a", 100.0, step_ms=5.0, peak_mem_mb=900.0, data_wait=0.1)
+    cpu = bench.table([row]).splitlines()[0]
+    gpu = bench.table([dataclasses.replace(row, device="cuda:0")]).splitlines()[0]
     assert "peak_mem_mb" not in cpu and "peak_mem_mb" in gpu and "data_wait" not in cpu + gpu
     assert "data_wait" in bench.table([row], ["name", "data_wait"])
 
@@ -436,12 +458,12 @@ def test_default_columns_show_memory_only_for_gpu_rows():
 def test_a_not_called_speedup_cell_uses_the_verdicts_words_and_warm_up_reads_as_a_duration():
     """A sure gap under 5 % reads 'no practical difference' in the table, as on the verdict line; 'no difference'
     stays for a gap the rule could not be sure of; warmup_s prints as a duration under 'warm-up'."""
-    base = {"name": "a", "rounds": [100.0, 101.0, 99.0, 100.0, 102.0, 98.0], "warmup_s": 0.0247}
-    near = {"name": "b", "rounds": [r * 1.02 for r in base["rounds"]], "warmup_s": 0.123}
-    noisy = {"name": "c", "rounds": [101.0, 99.0, 100.0, 103.0, 97.0, 100.0], "warmup_s": 1.5}
-    rows = bench.add_speedups([{**r, "images_per_s": statistics.median(r["rounds"])} for r in (base, near, noisy)],
-                              "a")
-    assert [bench._cell(r, "speedup") for r in rows[1:]] == [verdict.PRACTICAL, verdict.NOISE]
-    assert verdict.PRACTICAL in verdict.compare(near["rounds"], base["rounds"], "b", "a", paired=True)
-    assert [bench._cell(r, "warmup_s") for r in rows] == ["24.7 ms", "123 ms", "1.50 s"]
+    base = (100.0, 101.0, 99.0, 100.0, 102.0, 98.0)
+    rounds = {"a": (base, 0.0247), "b": (tuple(r * 1.02 for r in base), 0.123),
+              "c": ((101.0, 99.0, 100.0, 103.0, 97.0, 100.0), 1.5)}  # name: rounds, warm-up seconds
+    rows = bench.add_speedups([bench_row(n, statistics.median(r), rounds=r, warmup_s=w) for n, (r, w) in
+                               rounds.items()], "a")
+    assert [bench._cell(bench.cells(r), "speedup") for r in rows[1:]] == [verdict.PRACTICAL, verdict.NOISE]
+    assert verdict.PRACTICAL in verdict.compare(list(rounds["b"][0]), list(base), "b", "a", paired=True)
+    assert [bench._cell(bench.cells(r), "warmup_s") for r in rows] == ["24.7 ms", "123 ms", "1.50 s"]
     assert "| warm-up |" in bench.table(rows, ["name", "warmup_s", "speedup"])

@@ -13,6 +13,7 @@ from course_lib.measure import timing
 from course_lib.training import experiments, optim, speedrun
 from course_lib.training.models import WIDTHS, AirNet, count_parameters
 from course_lib.training.speedrun import Recipe, SpeedrunModule
+from course_lib.training.twin import Twin
 
 SMALL = (8, 16, 16)  # a narrow AirNet: the same code path, a fraction of the compute
 
@@ -107,13 +108,14 @@ def test_lightning_module_and_plain_twin_follow_the_same_loss_curve(real, extras
     speedrun.make_trainer(2, "32-true").fit(module, train_dataloaders=batches())
     lit = torch.stack(module.step_losses)
     L.seed_everything(0, verbose=False)
-    twin = speedrun.Twin(AirNet(SMALL), recipe).fit(batches(), 2, "32-true")
-    assert len(lit) == len(twin["losses"]) == 6 and lit.std() > 1e-4  # the losses move: a real comparison
-    torch.testing.assert_close(twin["losses"], lit, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(twin["net"].state_dict(), module.net.state_dict(), rtol=1e-5, atol=1e-6)
+    twin = Twin(AirNet(SMALL), recipe).fit(batches(), 2, "32-true")
+    assert len(lit) == len(twin.losses) == 6 and lit.std() > 1e-4  # the losses move: a real comparison
+    assert (twin.recipe, twin.precision, twin.loss_scale, len(twin.epoch_s)) == (recipe, "32-true", None, 2)
+    torch.testing.assert_close(twin.losses, lit, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(twin.net.state_dict(), module.net.state_dict(), rtol=1e-5, atol=1e-6)
     L.seed_everything(0, verbose=False)
-    other = speedrun.Twin(AirNet(SMALL), dataclasses.replace(recipe, lr=3.0)).fit(batches(), 1, "32-true")
-    assert (other["losses"][1:] - lit[1:3]).abs().max() > 1e-3  # the comparison notices a different recipe
+    other = Twin(AirNet(SMALL), dataclasses.replace(recipe, lr=3.0)).fit(batches(), 1, "32-true")
+    assert (other.losses[1:] - lit[1:3]).abs().max() > 1e-3  # the comparison notices a different recipe
 
 
 def test_fractional_epochs_stop_lightning_and_the_twin_at_the_same_step(real):
@@ -130,9 +132,9 @@ def test_fractional_epochs_stop_lightning_and_the_twin_at_the_same_step(real):
     assert "train_loss" in trainer.callback_metrics  # the cut-short epoch ended normally
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(recipe.lr * 8 / 1024 * 0.07)
     L.seed_everything(0, verbose=False)
-    twin = speedrun.Twin(AirNet(SMALL), recipe).fit(batches(), 1.5, "32-true")
-    torch.testing.assert_close(twin["losses"], torch.stack(module.step_losses), rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(twin["net"].state_dict(), module.net.state_dict(), rtol=1e-5, atol=1e-6)
+    twin = Twin(AirNet(SMALL), recipe).fit(batches(), 1.5, "32-true")
+    torch.testing.assert_close(twin.losses, torch.stack(module.step_losses), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(twin.net.state_dict(), module.net.state_dict(), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="steps_per_epoch"):
         speedrun.make_trainer(1.5)
     with pytest.raises(ValueError, match="epochs > 0"):
@@ -271,11 +273,11 @@ def test_twin_compiles_once_and_every_fit_uses_that_handle(real, monkeypatch):
             return self.inner(x)
 
     monkeypatch.setattr(speedrun.torch, "compile", lambda net: compiled.append(net) or Handle(net))
-    twin = speedrun.Twin(AirNet(SMALL), Recipe(widths=SMALL, batch_size=20, compile=True))
+    twin = Twin(AirNet(SMALL), Recipe(widths=SMALL, batch_size=20, compile=True))
     for _ in range(2):
         twin.fit(train_batches(images, labels, 20), 1, "32-true")
     assert compiled == [twin.net] and calls == [20] * 6  # 3 steps per fit, all through the handle
-    plain = speedrun.Twin(AirNet(SMALL), Recipe(widths=SMALL, batch_size=20))
+    plain = Twin(AirNet(SMALL), Recipe(widths=SMALL, batch_size=20))
     assert plain.forward is plain.net and len(compiled) == 1
 
 
@@ -295,9 +297,9 @@ def test_bad_inputs_give_clear_errors(real):
         speedrun.make_trainer(1, "32-true").fit(SpeedrunModule(Recipe(SMALL)),
                                                 train_dataloaders=train_batches(images, labels, 16))
     with pytest.raises(ValueError, match="batch_size=16"):
-        speedrun.Twin(AirNet(SMALL), Recipe(SMALL)).fit(train_batches(images, labels, 16), 1, "32-true")
+        Twin(AirNet(SMALL), Recipe(SMALL)).fit(train_batches(images, labels, 16), 1, "32-true")
     with pytest.raises(ValueError, match="16-mixed"):
-        speedrun.Twin(AirNet(SMALL), Recipe(SMALL, 16)).fit(train_batches(images, labels, 16), 1, "16-mixed")
+        Twin(AirNet(SMALL), Recipe(SMALL, 16)).fit(train_batches(images, labels, 16), 1, "16-mixed")
     with pytest.raises(ValueError, match="widths"):
         AirNet((64, 256))
     with pytest.raises(ValueError, match="label_smoothing"):

@@ -9,10 +9,10 @@ from __future__ import annotations
 from . import hardware
 from . import lesson_work as work
 from .lesson_work import TRAINER_ROWS_EPOCHS, TRAINER_ROWS_OVERHEAD
-from .spec import CPU, CPU_EMULATED_BF16, GPU, Lesson, PrecisionConfig, Scale, Target, bench_scales
+from .spec import CPU, CPU_EMULATED_BF16, GPU, GpuRow, Lesson, PrecisionConfig, Scale, Target, bench_scales
 from .workloads import IMAGE_FLOATS, SPLIT_IMAGES, Compile, Copy, HostFlops, HostSeconds, Images, Matmul, Section, Steps
 
-__all__ = ["CPU", "CPU_EMULATED_BF16", "GPU", "Lesson", "Scale", "Target", "TRAINER_ROWS_EPOCHS",
+__all__ = ["CPU", "CPU_EMULATED_BF16", "GPU", "GpuRow", "Lesson", "Scale", "Target", "TRAINER_ROWS_EPOCHS",
            "TRAINER_ROWS_OVERHEAD", "LESSONS", "SCRIPTS", "BY_NAME", "get", "names"]
 
 
@@ -20,6 +20,9 @@ __all__ = ["CPU", "CPU_EMULATED_BF16", "GPU", "Lesson", "Scale", "Target", "TRAI
 PRECISIONS = (PrecisionConfig("fp32"), PrecisionConfig("tf32", tf32=True),
               *(PrecisionConfig(f"{hardware.number_format(p)}-mixed", p) for p in hardware.PRECISIONS
                 if p != hardware.BASELINE))  # fp16-mixed, bf16-mixed: hardware.py's names, in its order
+RESNET = {"backbone": "resnet9"}  # gpu_check's ResNet-9 rows (lessons 04 and 05)
+COMPILED = {**RESNET, "compile": True, "channels_last": True}  # lesson 05's compiled rows, in bf16 or fp16
+BF16, FP16 = hardware.precision_name("bf16"), hardware.precision_name("16")
 
 # On a CPU, full sizes aim at about 10 minutes a lesson on 2 cores (a slow CPU takes longer: docs/results/
 # cpu-2core.md); on a GPU, full is the real thing. budget_s: the native-bf16 reference run's times x 1.5, 1,745 s in
@@ -62,6 +65,9 @@ LESSONS = (
     Lesson("03_gpu_and_data", "device placement, host-to-device copies, pinned memory; the JPEG pipeline profiled "
            "and fixed rung by rung; workers, GPU-resident data, batch size", budget_s=285, reference_s=(191, 506),
            scales=(Scale("full", CPU, bench_steps=50),),  # 6 rounds of 50 steps: 3 rounds of 100's time
+           gpu_rows=(GpuRow("small CNN, DataLoader 8 workers", {"backbone": "simple_cnn"}, data={
+                         "num_workers": 8, "pin_memory": True, "persistent_workers": True, "augment": True}),
+                     GpuRow("small CNN, GPU-resident data", {"backbone": "simple_cnn"}, True, {"augment": True})),
            targets=(Target("small CNN, GPU-resident data", "small CNN, DataLoader 8 workers", 1.5),),
            checks=("check_03_data_wait",), figures=("JPEG + PIL + v2, num_workers=0 images/s",),
            sections=(Section("2. What a host-to-device copy costs", lambda r: (Copy(
@@ -82,6 +88,8 @@ LESSONS = (
                    # emulated bf16 steps take about 12x fp32's on an AVX2 CPU: 04's bf16 rows get a fifth of the steps
                    Scale("full", CPU_EMULATED_BF16, train_subset=2_000, width=0.25, bench_steps=10)),
            configs=PRECISIONS, targets=(Target("ResNet-9 bf16-mixed", "ResNet-9 fp32", 2.0),),
+           gpu_rows=tuple(GpuRow(f"ResNet-9 {c.name}", RESNET, True, precision=c.precision, tf32=c.tf32)
+                          for c in PRECISIONS),  # its notebook's configurations
            checks=("check_04_activation_memory",),
            sections=(Section("3. TF32: fp32 code, tensor-core speed", work.tf32_products),
                      Section("4. Training: fp32 vs TF32 vs 16-mixed vs bf16-mixed",
@@ -92,6 +100,11 @@ LESSONS = (
     Lesson("05_compile_and_tuning", "torch.compile as fusion, channels_last, cudnn.benchmark, host syncs, CUDA "
            "graphs, profilers, the Tuner", budget_s=100, reference_s=(67, 176),
            targets=(Target("ResNet-9 bf16 + compile + channels_last", "ResNet-9 bf16-mixed", 1.3),),
+           # a GPU without bf16 (a T4, compute capability 7.5) skips the bf16 rows; the compile then runs in the fp16
+           # the policy picks there, so the check shows whether torch.compile works on it (or its error)
+           gpu_rows=(GpuRow("ResNet-9 bf16 + compile + channels_last", COMPILED, True, precision=BF16),
+                     GpuRow("ResNet-9 16-mixed + compile + channels_last", COMPILED, True, precision=FP16,
+                            policy=FP16, alone=True)),
            checks=("check_05_fusion",),
            figures=("compile time, GELU function", "compile time, simple_cnn training step"),
            sections=(Section("1. `torch.compile` as kernel fusion", work.gelu_and_compiles),

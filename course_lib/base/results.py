@@ -14,6 +14,7 @@ from pathlib import Path
 from . import config, hardware
 from .config import file_name, write_atomically  # noqa: F401  (file_name: results.file_name for callers)
 from .errors import CourseError
+from .records import BenchRow
 
 
 def write_text(path: str | Path, text: str) -> Path:
@@ -129,16 +130,26 @@ def step_text(step_ms: float) -> str:
     return f"{step_ms:,.0f} ms" if step_ms >= 100 else f"{step_ms:.3g} ms"
 
 
-def save_rows(rows: list[dict], lesson: str, path: str | Path | None = None) -> Path:
-    """Benchmark rows with hardware and versions to build/results/bench-<lesson>.json (or `path`), and each row's
+def bench_file(lesson: str) -> Path:
+    """Where a lesson's (or GPU script's) benchmark rows go: build/results/bench-<lesson>.json."""
+    return config.build_dir() / "results" / f"bench-{file_name(lesson)}.json"
+
+
+def save_rows(rows: list[BenchRow], lesson: str, path: str | Path | None = None) -> Path:
+    """Benchmark rows (BenchRow.to_json) with hardware and versions to bench_file(lesson) (or `path`), and each row's
     images/s recorded as one of the lesson's figures."""
-    path = write_json(path or config.build_dir() / "results" / f"bench-{file_name(lesson)}.json",
-                      {"lesson": lesson, "size": config.run_size().name, "hardware": hardware.facts(), "rows": rows})
+    path = write_json(path or bench_file(lesson), {"lesson": lesson, "size": config.run_size().name,
+                                                   "hardware": hardware.facts(), "rows": [r.to_json() for r in rows]})
     for r in rows:
-        spread = (r["images_per_s_min"], r["images_per_s_max"]) if "images_per_s_min" in r else None
-        record(lesson, f"{r['name']} images/s", r["images_per_s"], "images/s",
-               f"batch {r['batch_size']}, {r['precision']}, median step {step_text(r['step_ms'])}", spread)
+        spread = (r.images_per_s_min, r.images_per_s_max) if r.images_per_s_min is not None else None
+        record(lesson, f"{r.name} images/s", r.images_per_s, "images/s",
+               f"batch {r.batch_size}, {r.precision}, median step {step_text(r.step_ms)}", spread)
     return path
+
+
+def load_rows(path: str | Path) -> list[BenchRow]:
+    """The benchmark rows of a save_rows file (bench_file(lesson) for a lesson's), as BenchRows ([] where none)."""
+    return [BenchRow.from_json(r) for r in read_json(path, {"rows": []})["rows"]]
 
 
 def report_path(script: str, gpu: str | None, suffix: str = "") -> Path:

@@ -1,9 +1,11 @@
 """The types of a lesson spec (base.lessons holds the specs): a Lesson, its Scales per size and device kind, its GPU
-Targets; what its sections run is base.workloads'. Imports nothing of the course but workloads."""
+benchmark rows and Targets; what its sections run is base.workloads'. Imports nothing of the course but hardware
+and workloads."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
+from . import hardware
 from .workloads import PrecisionConfig, Section
 
 CPU, GPU = "cpu", "gpu"
@@ -31,6 +33,22 @@ class Scale:
 
 
 @dataclass(frozen=True)
+class GpuRow:
+    """A benchmark row scripts/gpu_check.py runs on a GPU for a lesson: ImageClassifierModule's arguments (model), the
+    data on the device or in a DataLoader with its settings (data), the precision and TF32. policy: the row runs only
+    where the precision policy picks that precision (hardware.choose_precision()); alone: benched by itself, a failure
+    reported, not raised."""
+    name: str
+    model: dict = field(default_factory=dict)
+    device_data: bool = False
+    data: dict = field(default_factory=dict)
+    precision: str = hardware.BASELINE
+    tf32: bool = False
+    policy: str | None = None
+    alone: bool = False
+
+
+@dataclass(frozen=True)
 class Target:
     """A speed-up a GPU run must reach: config's throughput over baseline's, both rows of scripts/gpu_check.py."""
     config: str
@@ -48,8 +66,9 @@ class Lesson:
     budget_s: int | None = None  # seconds its full run may take on a CPU (config.lesson_budget)
     reference_s: tuple[int, int] | None = None  # make course's wall s on the reference CPUs: (native bf16, emulated)
     scales: tuple[Scale, ...] = ()
-    configs: tuple[PrecisionConfig, ...] = ()  # what its notebook benchmarks (and gpu_check runs on a GPU)
-    targets: tuple[Target, ...] = ()  # what a GPU run of its benchmark rows must reach (scripts/gpu_check.py)
+    configs: tuple[PrecisionConfig, ...] = ()  # what its notebook benchmarks (its gpu_rows run them on a GPU)
+    gpu_rows: tuple[GpuRow, ...] = ()  # what scripts/gpu_check.py runs for it on a GPU, in this order
+    targets: tuple[Target, ...] = ()  # what a GPU run of its gpu_rows must reach (scripts/gpu_check.py)
     checks: tuple[str, ...] = ()  # its exercises' checks, names in course_lib.exercises, in the notebook's order
     figures: tuple[str, ...] = ()  # figures (results.record names) its committed run must keep: the GPU estimator's
     sections: tuple[Section, ...] = ()  # its notebook's sections, in order, with the work each runs (the estimator's)

@@ -1,12 +1,12 @@
-"""The benchmark harness: a timed fit gives one result row (images/s with its spread over repeats, step time, memory
-after warm-up) for each BenchConfig, speedups over a baseline, autograd's saved bytes, and the rows' table and
-chart."""
+"""The benchmark harness: a timed fit gives one result row (a BenchRow: images/s with its spread over repeats, step
+time, memory after warm-up) for each BenchConfig, speedups over a baseline, autograd's saved bytes, and the rows'
+table and chart."""
 from __future__ import annotations
 
 import builtins
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from typing import Callable
 
 import lightning as L
@@ -14,18 +14,16 @@ import torch
 
 from ..base import config, hardware, results
 from ..base.errors import CourseError
+from ..base.records import BenchRow
 from ..measure import timing, verdict
 from ..measure.timing import BenchCallback
 from ..training import runs
 
-FIELDS = ["name", "images_per_s", "images_per_s_min", "images_per_s_max", "step_ms", "peak_mem_mb", "data_wait",
-          "warmup_s", "steps", "batch_size", "precision", "device"]
-
 
 def bench(module: L.LightningModule, datamodule: L.LightningDataModule, name: str, *, steps: int, warmup: int = 5,
           precision: str = hardware.BASELINE, accelerator: str = "auto", clock: Callable[[], float] = time.perf_counter,
-          callback: BenchCallback | None = None, **trainer_kwargs) -> dict | None:
-    """Train `warmup + steps` steps and return one result row (see FIELDS) for the timed steps.
+          callback: BenchCallback | None = None, **trainer_kwargs) -> BenchRow | None:
+    """Train `warmup + steps` steps and return the timed steps' result row (one run: its spread is its own figure).
 
     `callback` replaces the default BenchCallback(warmup, steps, clock) (scaling.DDPBenchCallback for several
     processes); trainer_kwargs (devices, strategy, ...) go to the Trainer. None where the callback has no row (a
@@ -35,9 +33,8 @@ def bench(module: L.LightningModule, datamodule: L.LightningDataModule, name: st
                                                              "accelerator": accelerator, "callbacks": [cb],
                                                              **trainer_kwargs})
     trainer.fit(module, datamodule=datamodule)
-    row = cb.summary(module.device)
-    return row and {"name": name, **row, "images_per_s_min": row["images_per_s"],
-                    "images_per_s_max": row["images_per_s"], "precision": precision}  # one run: no spread yet
+    row = cb.summary(module.device)  # unnamed; a DDP callback's is rank 0's, read back (None on other ranks)
+    return row and replace(row, name=name, precision=precision)
 
 
 @dataclass(frozen=True)
@@ -61,7 +58,7 @@ class BenchConfig:
 
 
 def run_configs(configs: list[BenchConfig | dict], make: Callable[[BenchConfig | dict], tuple], steps: int,
-                warmup: int = 5, repeats: int = 1) -> list[dict]:
+                warmup: int = 5, repeats: int = 1) -> list[BenchRow]:
     """Bench each config (`make(cfg)` -> module, datamodule; make gets the config as given, a BenchConfig or a
     lesson's dict, see BenchConfig.of) in `repeats` interleaved rounds (every config once
     per round, so a drift of the machine hits all alike); keep the run with the median images/s and add the
@@ -74,45 +71,45 @@ def run_configs(configs: list[BenchConfig | dict], make: Callable[[BenchConfig |
             module, dm = make(cfg)
             done.append(bench(module, dm, known.name, steps=steps, warmup=warmup, precision=known.precision,
                               **known.trainer))
-    return [{**median_row(done), "first_warmup_s": done[0]["warmup_s"]} for done in runs_of]
+    return [replace(median_row(done), first_warmup_s=done[0].warmup_s) for done in runs_of]
 
 
-def median_row(done: list[dict]) -> dict:
+def median_row(done: list[BenchRow]) -> BenchRow:
     """One configuration's runs (in round order) as one row: the median run's other fields, the median of the rounds'
     images/s (what the verdicts compare: with an even count, the mean of the middle two), the fastest and slowest
     run's images/s as its spread, every round's images/s in round order (rounds) and their count."""
-    ranked = sorted(done, key=lambda r: r["images_per_s"])
-    rounds = [r["images_per_s"] for r in done]
-    return {**ranked[len(ranked) // 2], "images_per_s": statistics.median(rounds),
-            "images_per_s_min": ranked[0]["images_per_s"], "images_per_s_max": ranked[-1]["images_per_s"],
-            "rounds": rounds, "repeats": len(done)}
+    ranked = sorted(done, key=lambda r: r.images_per_s)
+    rounds = tuple(r.images_per_s for r in done)
+    return replace(ranked[len(ranked) // 2], images_per_s=statistics.median(rounds),
+                   images_per_s_min=ranked[0].images_per_s, images_per_s_max=ranked[-1].images_per_s, rounds=rounds,
+                   repeats=len(done))
 
 
-def add_speedups(rows: list[dict], baseline: str) -> list[dict]:
+def add_speedups(rows: list[BenchRow], baseline: str) -> list[BenchRow]:
     """Add `speedup`, images/s relative to the row named `baseline` as the verdicts compute it (the median round ratio
     where both rows hold interleaved rounds of one length, verdict.interval; else the medians' ratio), `called`, the
     verdict's decision on it (verdict.direction over paired rounds: +1 faster, -1 slower, 0 no difference, None too
     few rounds to judge), `said`, the verdict's words where it calls none (verdict.NOISE or verdict.PRACTICAL), and a
     `baseline` flag, true on that row."""
-    base = next((r for r in rows if r["name"] == baseline), None)
+    base = next((r for r in rows if r.name == baseline), None)
     if base is None:
-        raise ValueError(f"No row named {baseline!r}; rows are {[r['name'] for r in rows]}.")
+        raise ValueError(f"No row named {baseline!r}; rows are {[r.name for r in rows]}.")
+    b = list(base.rounds)
 
-    def speedup(row: dict) -> float:
-        a, b = row.get("rounds"), base.get("rounds")
-        if a and b and len(a) == len(b):
-            return verdict.interval(a, b, paired=True).mid
-        return row["images_per_s"] / base["images_per_s"]
+    def speedup(row: BenchRow) -> float:
+        a = list(row.rounds)
+        return verdict.interval(a, b, paired=True).mid if a and b and len(a) == len(b) else \
+            row.images_per_s / base.images_per_s
 
-    def called(row: dict) -> int | None:
-        a, b = row.get("rounds"), base.get("rounds")
+    def called(row: BenchRow) -> int | None:
+        a = list(row.rounds)
         return verdict.direction(a, b, paired=True) if a and b and len(a) == len(b) else None
 
-    def said(row: dict) -> str:  # verdict.compare's own words: 'no practical difference' is a sure gap under 5 %
-        return verdict.compare(row["rounds"], base["rounds"], "", "", paired=True).outcome
+    def said(row: BenchRow) -> str:  # verdict.compare's own words: 'no practical difference' is a sure gap under 5 %
+        return verdict.compare(list(row.rounds), b, "", "", paired=True).outcome
 
-    out = [{**r, "speedup": speedup(r), "called": called(r), "baseline": r is base} for r in rows]
-    return [{**r, "said": said(r)} if r["called"] == 0 else r for r in out]
+    out = [replace(r, speedup=speedup(r), called=called(r), baseline=r is base) for r in rows]
+    return [replace(r, said=said(r)) if r.called == 0 else r for r in out]
 
 
 def saved_bytes_peak(step: Callable[[], object]) -> int:
@@ -166,9 +163,15 @@ def _cell(row: dict, col: str) -> str:
     return fmt(row.get(col, ""))
 
 
-def table(rows: list[dict], fields: list[str] | None = None) -> str:
-    """A markdown table of result rows (at most MAX_COLUMNS fields, default SHOWN), images/s with its range, and
-    under it the settings every row shares, the hardware and the size."""
+def cells(row: BenchRow | dict) -> dict:
+    """A row's fields by name, for a table: a BenchRow's set ones (None: not measured), or a lesson's own dict."""
+    return {k: v for k, v in asdict(row).items() if v is not None} if is_dataclass(row) else row
+
+
+def table(rows: list[BenchRow | dict], fields: list[str] | None = None) -> str:
+    """A markdown table of result rows, BenchRows or a lesson's own dicts (at most MAX_COLUMNS fields, default SHOWN),
+    images/s with its range, and under it the settings every row shares, the hardware and the size."""
+    rows = [cells(r) for r in rows]
     on_gpu = any(str(r.get("device", "")).startswith("cuda") for r in rows)
     cols = list(fields) if fields else [c for c in SHOWN + ["speedup"] if c in rows[0]
                                          and (c != "peak_mem_mb" or on_gpu)]
@@ -197,7 +200,7 @@ class Table(str):
         return str(self)
 
 
-def show(rows: list[dict], fields: list[str] | None = None) -> None:
+def show(rows: list[BenchRow | dict], fields: list[str] | None = None) -> None:
     """table(rows, fields) shown as a rendered table where IPython runs (it puts `display` in builtins), else
     printed as markdown text."""
     (getattr(builtins, "display", None) or print)(Table(table(rows, fields)))
@@ -239,13 +242,13 @@ def measures(saved: list[dict]) -> list[dict]:
              "value": results.with_unit(*value(r))} for r in saved]
 
 
-def plot_speedups(rows: list[dict], title: str):
+def plot_speedups(rows: list[BenchRow], title: str):
     """Horizontal bar chart of each row's speedup over the baseline (1.0 marked)."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 0.5 + 0.45 * len(rows)))
-    colors = ["tab:gray" if r.get("called") == 0 else "tab:blue" for r in rows]  # grey: the verdict calls no difference
-    ax.barh([r["name"] for r in rows][::-1], [r["speedup"] for r in rows][::-1], color=colors[::-1])
+    colors = ["tab:gray" if r.called == 0 else "tab:blue" for r in rows]  # grey: the verdict calls no difference
+    ax.barh([r.name for r in rows][::-1], [r.speedup for r in rows][::-1], color=colors[::-1])
     ax.axvline(1.0, color="black", lw=1)
     ax.set_xlabel("speedup over baseline (images/s ratio; grey: no difference by the verdict's rule)")
     ax.set_title(f"{title}\n{hardware.label()}, size {config.run_size().name}", fontsize=9)

@@ -87,7 +87,7 @@ def _03_measure(make_data: Callable, batch_size: int, steps: int, rounds: int) -
         found["base"].append(_03_seconds_per_batch(_ready(JpegDataModule(batch_size, subset=subset)), steps))
         found["mine"].append(_03_seconds_per_batch(_ready(make_data(batch_size, subset)), steps))
         found["waits"].append(bench.bench(ImageClassifierModule(LeNet()), make_data(batch_size, subset), "check",
-                                          steps=steps, warmup=2)["data_wait"])
+                                          steps=steps, warmup=2).data_wait)
     return found
 
 

@@ -19,6 +19,8 @@ import psutil
 import torch
 from lightning.fabric.utilities.throughput import Throughput
 
+from ..base.records import BenchRow
+
 MAX_RUN_TIME = 10.0  # seconds: time_calls stops here even before four blocks (a call slower than 2.5 s)
 
 
@@ -179,21 +181,21 @@ class BenchCallback(L.Callback):
         self._read = (len(self._marks), fig)
         return fig
 
-    def summary(self, device: torch.device) -> dict:
-        """The timed steps' figures of a result row (see bench.FIELDS) on `device`: images/s, median step, peak memory
-        (CUDA's allocator on a GPU, the process's RSS elsewhere), data-wait fraction, warm-up, steps, batch, and the
-        processes; a clear error if fewer than `steps` steps were timed."""
+    def summary(self, device: torch.device) -> BenchRow:
+        """The timed steps' result row on `device`, unnamed (bench.bench names it and sets its precision): images/s
+        (one run: its own spread), median step, peak memory (CUDA's allocator on a GPU, the process's RSS elsewhere),
+        data-wait fraction, warm-up, steps, batch, and the processes; a clear error if fewer than `steps` were timed."""
         step_s, wait_s = self.step_s, self.wait_s
         if len(step_s) < self.steps:
             raise ValueError(f"The benchmark ran only {len(step_s)} timed steps of {self.steps}: the training set is "
                              f"too small for warm-up + steps; use a larger subset or fewer steps.")
         peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else self.peak_rss
         # all ranks step in lock-step (the all-reduce waits for the slowest): the total is this rank's rate x world
-        return {"images_per_s": self.throughput.compute()["device/samples_per_sec"] * self.world,
-                "step_ms": 1e3 * statistics.median(step_s), "peak_mem_mb": peak / 2**20,
-                "data_wait": sum(wait_s) / (sum(wait_s) + sum(step_s)), "warmup_s": self.warmup_s,
-                "steps": len(step_s), "batch_size": self.batch_size * self.world, "processes": self.world,
-                "device": device.type}
+        rate = self.throughput.compute()["device/samples_per_sec"] * self.world
+        return BenchRow("", rate, step_ms=1e3 * statistics.median(step_s), peak_mem_mb=peak / 2**20,
+                        data_wait=sum(wait_s) / (sum(wait_s) + sum(step_s)), warmup_s=self.warmup_s,
+                        steps=len(step_s), batch_size=self.batch_size * self.world, device=device.type,
+                        processes=self.world, images_per_s_min=rate, images_per_s_max=rate)
 
     step_s = property(lambda self: self._figures()["step_s"], doc="Seconds per timed step.")
     wait_s = property(lambda self: self._figures()["wait_s"], doc="Seconds before each timed step (data wait).")

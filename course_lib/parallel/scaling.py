@@ -13,6 +13,7 @@ import torch
 from lightning.fabric.accelerators.cuda import num_cuda_devices
 
 from ..base import config, hardware, results
+from ..base.records import BenchRow
 from ..benchmark import bench
 from ..measure.timing import BenchCallback
 from ..training import runs
@@ -29,15 +30,16 @@ class DDPBenchCallback(BenchCallback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         if trainer.is_global_zero:  # BenchCallback's figures already count every process (rate x world)
-            results.write_json(self.out, super().summary(pl_module.device))
+            results.write_json(self.out, super().summary(pl_module.device).to_json())
 
-    def summary(self, device: torch.device) -> dict | None:
+    def summary(self, device: torch.device) -> BenchRow | None:
         """The row rank 0 wrote, or None."""
-        return results.read_json(self.out)
+        row = results.read_json(self.out)
+        return row and BenchRow.from_json(row)
 
 
 def measure(make, *, devices: int, accelerator: str = "cpu", strategy: str = "auto", warmup: int = 3,
-            steps: int = 10, precision: str = hardware.BASELINE, name: str | None = None) -> dict | None:
+            steps: int = 10, precision: str = hardware.BASELINE, name: str | None = None) -> BenchRow | None:
     """Train `make()` -> (module, datamodule) on `devices` processes with bench.bench; the result row on rank 0,
     None elsewhere."""
     module, dm = make()
@@ -47,7 +49,7 @@ def measure(make, *, devices: int, accelerator: str = "cpu", strategy: str = "au
                            callback=DDPBenchCallback(warmup, steps, Path(tmp) / "row.json"))
 
 
-def measure_script(devices: int, out: str | Path, timeout: float = 900, **opts) -> dict:
+def measure_script(devices: int, out: str | Path, timeout: float = 900, **opts) -> BenchRow:
     """`measure` through the script path: `python -m course_lib.parallel.scaling` (strategy ddp), in fresh processes."""
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in opts.items() if v is not None and v is not False]
     cmd = [sys.executable, "-m", "course_lib.parallel.scaling", f"--devices={devices}", f"--out={out}", *flags]
@@ -57,7 +59,7 @@ def measure_script(devices: int, out: str | Path, timeout: float = 900, **opts) 
     row = results.read_json(out)
     if row is None:
         raise RuntimeError(f"{' '.join(cmd)} exited cleanly but wrote no row to {out} (rank 0 writes it).")
-    return row
+    return BenchRow.from_json(row)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     row = measure(make, devices=a.devices, accelerator=a.accelerator, strategy="ddp" if a.devices > 1 else "auto",
                   warmup=a.warmup, steps=a.steps, precision=a.precision)
     if row:
-        results.write_json(a.out, row)
+        results.write_json(a.out, row.to_json())
 
 
 if __name__ == "__main__":

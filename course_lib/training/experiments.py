@@ -18,6 +18,7 @@ from ..measure import flops
 from ..measure.timing import DeviceTimer, EpochTimer, duration, flop_rate
 from . import speedrun
 from .models import AirNet
+from .twin import Twin, TwinFit
 
 T, R = TypeVar("T"), TypeVar("R")  # seed_loop's items and results
 
@@ -102,14 +103,14 @@ class TwinComparison:
     loss_diff_all: float  # ... over all steps
     lit_acc: float
     twin_acc: float
-    twin: dict  # the twin's own fit result (losses, epoch_s)
+    twin: TwinFit  # the twin's own fit (losses, epoch_s, net)
 
 
 def compare_twin(module: speedrun.SpeedrunModule, dm: CIFAR10DataModule, run: SeedRun, *, epochs: float,
-                 precision: str | None = None, twin: speedrun.Twin | None = None) -> TwinComparison:
+                 precision: str | None = None, twin: Twin | None = None) -> TwinComparison:
     """Train the plain-PyTorch twin on the same seed and batches as `run`; epoch-time ratio, loss and accuracy gaps.
 
-    twin: a speedrun.Twin to reuse (fresh weights for the seed are loaded into its net, so a compiled one stays
+    twin: a Twin to reuse (fresh weights for the seed are loaded into its net, so a compiled one stays
     compiled); default a new one with the module's recipe. Timed as run_seed: whitening and training in
     twin_fit_s, TTA in twin_test_s."""
     recipe = module.recipe
@@ -117,7 +118,7 @@ def compare_twin(module: speedrun.SpeedrunModule, dm: CIFAR10DataModule, run: Se
     L.seed_everything(run.seed, verbose=False)  # the same initial weights as fresh_weights gave the module
     fresh = speedrun.recipe_net(recipe)
     if twin is None:
-        twin = speedrun.Twin(fresh, recipe)
+        twin = Twin(fresh, recipe)
     else:
         twin.net.load_state_dict(fresh.state_dict())  # in place, whitened flag reset: the fit whitens again
     precision = hardware.choose_precision(precision)
@@ -126,8 +127,8 @@ def compare_twin(module: speedrun.SpeedrunModule, dm: CIFAR10DataModule, run: Se
     result = twin.fit(batches, epochs, precision)
     fitted = clock.mark()
     steady = slice(1, None) if epochs > 1 else slice(None)  # epoch 0 holds warm-up (and compilation on a GPU)
-    lit_epoch, twin_epoch = statistics.median(run.epoch_s[steady]), statistics.median(result["epoch_s"][steady])
-    diff = (run.losses - result["losses"]).abs()
+    lit_epoch, twin_epoch = statistics.median(run.epoch_s[steady]), statistics.median(result.epoch_s[steady])
+    diff = (run.losses - result.losses).abs()
     first = min(10, len(diff))
     # the compiled handle, as the module tests with its compiled net
     acc = speedrun.evaluate_tta(twin.forward, dm.test_set.images, dm.test_set.labels, level=recipe.tta_level,
