@@ -44,6 +44,15 @@ def test_elementwise_first_touch_and_fixed_costs():
     assert "G elements/s" in c.rows["tanh"].text()
 
 
+def test_a_faster_later_timing_raises_its_ceiling_and_a_slower_one_leaves_it():
+    c = fake()
+    assert not c.observe("add reused", [7e9, 7.9e9]) and c.rows["add reused"].values == (8e9,)  # slower: unchanged
+    assert c.observe("add reused", [7e9, 8.4e9]) and c.elementwise(3) == pytest.approx(8.4e9)  # its best block joins
+    assert c.rows["add reused"].values == (8e9, 8.4e9)  # the slower block does not widen the spread
+    assert c.observe("per op", [2.5e-6, 4e-6]) and c.per_op == pytest.approx(2.5e-6)  # a fixed cost: lower is better
+    assert not c.observe("per op", [2.6e-6])
+
+
 def test_measure_times_every_op_class_with_its_work():
     def fake_time(fn, min_run_time):
         return [0.01, 0.0101, 0.0102, 0.0103]

@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from ..base import config, hardware, internals
+from ..base import config, hardware
 from . import opclasses, timing, verdict
 from .opclasses import LOOP_OPS, TINY_ELEMENTS, llc_bytes  # noqa: F401  (re-exported: roofline and tests)
 
@@ -62,8 +62,8 @@ class Ceiling:
     @property
     def best(self) -> float:
         """The best sustained figure, the ceiling the model uses: the fastest block's rate, or for the fixed cost of
-        an op its cheapest block's seconds per op. An upper bound on speed: an op measured later, on a machine no
-        busier, does not beat it."""
+        an op its cheapest block's seconds per op. An upper bound on speed: where a later timing of the same op beats
+        it, Ceilings.observe raises it to that block."""
         return min(self.values) if self.kind == "overhead" else max(self.values)
 
     def shown(self) -> tuple[float, str]:
@@ -149,6 +149,16 @@ class Ceilings:
         """Seconds per byte a fresh output costs beyond a reused one: the add's two best sustained rates apart."""
         return max(0.0, 3 * (1 / self.elementwise(3, True) - 1 / self.elementwise(3, False)))
 
+    def observe(self, name: str, values: list[float]) -> bool:
+        """Another timing's blocks (same units) of the op that ceiling `name` measures: where its best beats the
+        ceiling's, that block joins the ceiling's (a ceiling is the best rate seen of its op) and True is returned;
+        ceilings.save again to keep it."""
+        c = self.rows[name]
+        best = min(values) if c.kind == "overhead" else max(values)
+        if (best < c.best) if c.kind == "overhead" else (best > c.best):
+            self.rows[name] = Ceiling(c.name, c.kind, (*c.values, best), c.note, c.capacity)
+        return self.rows[name] is not c
+
     def noisy(self) -> list[str]:
         """The names of the ceilings still flagged noisy."""
         return [name for name, c in self.rows.items() if noisy(c)]
@@ -190,23 +200,6 @@ def matmul_side(device: str, size: str) -> int:
     return SMOKE_MATMUL_N if size == "smoke" else MATMUL_N["cpu" if device == "cpu" else "cuda"]
 
 
-def _matmul(fmt: str, n: int, device: str) -> Callable[[], object]:
-    """A call doing one n x n product in `fmt` (2n^3 FLOPs), through the kernel the lessons run: int8 on a CPU through
-    oneDNN's int8 linear kernel, which lesson 07's compiled int8 model runs (torchao's safe_int_mm falls back to an
-    int32 torch.matmul there: no VNNI instruction would run); int8 on a GPU through torchao's int matmul (cuBLAS)."""
-    if fmt == "int8" and device == "cpu":
-        x = torch.randint(0, 256, (n, n), dtype=torch.uint8)
-        return internals.onednn_int8_matmul(x, torch.randint(-128, 128, (n, n), dtype=torch.int8))
-    if fmt == "int8":
-        from torchao.kernel.intmm import safe_int_mm
-
-        a, b = (torch.randint(-128, 128, (n, n), dtype=torch.int8, device=device) for _ in range(2))
-        return lambda: safe_int_mm(a, b)
-    dtype = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[fmt]
-    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
-    return lambda: a @ b
-
-
 def measure(device: str = "cpu", *, size: str | None = None,
             time_fn: Callable[..., list[float]] = timing.time_calls) -> Ceilings:
     """Measure every ceiling of `device` at run size `size` (the switch's by default), each measured again (up to
@@ -227,7 +220,7 @@ def measure(device: str = "cpu", *, size: str | None = None,
     for fmt in formats(device):
         if device != "cpu":
             hardware.set_tf32(fmt == "tf32")  # fp32 is full fp32 unless the row is TF32's
-        add(f"matmul {fmt}", "compute", 2 * n**3, _matmul(fmt, n, device), f"{n}x{n}")
+        add(f"matmul {fmt}", "compute", 2 * n**3, opclasses.matmul(fmt, n, device), f"{n}x{n}")
     if device != "cpu":
         hardware.set_tf32(None)  # back to PyTorch's defaults
     b, c, side = CONV if size == "full" else (8, *CONV[1:])

@@ -11,6 +11,8 @@ from typing import Callable
 
 import torch
 
+from ..base import internals
+
 LLC_MULTIPLE = 4  # the DRAM copy moves this many times the last-level cache, so the cache cannot hold it
 COPY_BYTES = (64 * 2**20, 1024 * 2**20)  # floor and cap of the DRAM copy's buffer, whatever the cache reports
 CACHE_SHARE = 2  # the cache copy's working set (source + destination) is the last-level cache over this
@@ -120,3 +122,20 @@ def probes(device: str) -> list[Probe]:
     """Every op class's probe on `device`, in the order lesson 00 prints them (matmuls are ceilings' own)."""
     return [*memory(device), *elementwise(device), transcendental(device), *per_op(device),
             *(host_to_device(device) if device != "cpu" else [])]
+
+
+def matmul(fmt: str, n: int, device: str) -> Callable[[], object]:
+    """A call doing one n x n product in `fmt` (2n^3 FLOPs), through the kernel the lessons run: int8 on a CPU through
+    oneDNN's int8 linear kernel, which lesson 07's compiled int8 model runs (torchao's safe_int_mm falls back to an
+    int32 torch.matmul there: no VNNI instruction would run); int8 on a GPU through torchao's int matmul (cuBLAS)."""
+    if fmt == "int8" and device == "cpu":
+        x = torch.randint(0, 256, (n, n), dtype=torch.uint8)
+        return internals.onednn_int8_matmul(x, torch.randint(-128, 128, (n, n), dtype=torch.int8))
+    if fmt == "int8":
+        from torchao.kernel.intmm import safe_int_mm
+
+        a, b = (torch.randint(-128, 128, (n, n), dtype=torch.int8, device=device) for _ in range(2))
+        return lambda: safe_int_mm(a, b)
+    dtype = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[fmt]
+    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
+    return lambda: a @ b
