@@ -79,6 +79,10 @@ def test_rows_table_and_sentence_name_the_largest_gap_and_its_cause():
     assert breakdown.sentence(worse).startswith(f"Largest gap: {breakdown.PYTHON}, 900 µs")
     # the row is all time outside recorded ops, which can grow with the batch: its cause says so, not 'interpreter'
     assert breakdown.sentence(worse).endswith(": not inside any recorded op (Python or unrecorded work)")
+    long = fake_breakdown()
+    long.ops["native_batch_norm_backward_with_a_long_name"] = long.ops.pop("convolution")
+    two = breakdown.sentence(breakdown.rows(long)).split("\n")  # too long for one line: the cause on a second
+    assert len(two) == 2 and two[1] == f"  {breakdown.CAUSES['compute']}" and all(len(x) <= 120 for x in two)
 
 
 def test_reconcile_prints_the_profilers_own_overhead_and_the_shares():
@@ -88,7 +92,7 @@ def test_reconcile_prints_the_profilers_own_overhead_and_the_shares():
     assert "1.10 ms timed outside the profiler (median; 1.00 ms-1.20 ms, 3 runs)" in line
     assert "55% of the profiled step ran in the 2 kinds of op" in line and "between recorded events" in line
     busy = fake_breakdown(measured=(2e-3,))
-    assert "faster than timed outside it: the two disagree" in breakdown.reconcile(busy)
+    assert "900 µs under the median timed outside it: no profiler overhead measured" in breakdown.reconcile(busy)
     assert bd.recorded == pytest.approx(1 - 0.2 / 1.1)
 
 

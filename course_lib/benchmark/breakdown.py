@@ -145,7 +145,8 @@ def reconcile(bd: Breakdown) -> str:
               if len(bd.measured) > 1 else "one run")
     own = ("the same: no profiler overhead measured" if timing.duration(bd.profiled) == timing.duration(bd.step)
            else f"so the profiler's own overhead is {timing.duration(bd.overhead_s)} ({bd.overhead_s / bd.step:.0%})"
-           if bd.overhead_s >= 0 else "faster than timed outside it: the two disagree (rerun both)")
+           if bd.overhead_s >= 0 else f"{timing.duration(-bd.overhead_s)} under the median timed outside it: "
+           "no profiler overhead measured")
     return "\n".join([
         f"- Per step: {timing.duration(bd.step)} timed outside the profiler (median; {spread})",
         f"- under the profiler: {timing.duration(bd.profiled)} ({bd.steps} steps), {own}",
@@ -156,8 +157,9 @@ def reconcile(bd: Breakdown) -> str:
 
 
 def sentence(bd: Breakdown) -> str:
-    """One whole line (<= SENTENCE_CHARS): the row with the largest gap between measured and modelled time, its
-    efficiency and why; the longest of these that fits, dropping the efficiency, then the cause (never a cut word)."""
+    """One sentence, one line where it fits (<= SENTENCE_CHARS): the row with the largest gap between measured and
+    modelled time, its efficiency and why; where that does not fit, without the efficiency; where neither fits, the
+    cause goes on an indented second line (never dropped, never a cut word)."""
     r = max(bd.rows, key=lambda r: r["gap"])
     why = CAUSES.get(r["name"]) or CAUSES["alone" if r.get("alone") else r["kind"]]
     if r["kind"] == "memory" and r.get("bytes") and r["measured"] and r.get("work"):  # rates: measured, assumed
@@ -166,8 +168,8 @@ def sentence(bd: Breakdown) -> str:
         why = "it takes longer than its bytes allow"
     head = f"Largest gap: {r['name']}, {timing.duration(r['gap'])} a step over the model"
     eff = f", at {r['bound'] / r['measured']:.0%} of its bound" if r["calls"] and r["measured"] else ""
-    fits = [line for line in (f"{head}{eff}: {why}", f"{head}: {why}", f"{head}{eff}") if len(line) <= SENTENCE_CHARS]
-    return fits[0] if fits else head
+    fits = [line for line in (f"{head}{eff}: {why}", f"{head}: {why}") if len(line) <= SENTENCE_CHARS]
+    return fits[0] if fits else f"{head}{eff}:\n  {why}"
 
 
 def _rate(bytes_per_s: float) -> str:
