@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -69,14 +70,19 @@ def busy_cores():
 def test_workers_survive_busy_cores(busy_cores, rounds):
     """Lesson 06's spawned gloo workers, DDP and the hand-written all-reduce, repeated on cores that other processes
     keep busy: each run finishes with the one-process weights (a loaded machine is slower, never fatal). Each rank
-    waits for the others before its teardown (parallel.Job.leave)."""
+    waits for the others before its teardown (parallel.Job.leave). The two jobs run at once, each on cores that the
+    spinners and the other job's ranks keep busy: more load than one at a time, in a busy window about half as long
+    (the spinners also slow whatever else runs on the machine)."""
     steps, batch = 3, 16
     xs, ys = parallel.toy_data(steps, batch, seed=0)
     one = parallel.train_steps(parallel.toy_model(seed=0), xs, ys).state_dict()
     for _ in range(rounds):
-        assert max_diff(parallel.ddp_train(world=2, steps=steps, batch=batch, seed=0).state, one) < 1e-6
-        out = parallel.allreduce_train({"plain": parallel.average_per_tensor}, world=2, steps=steps, batch=batch)
-        assert max_diff(out.state["plain"], one) < 1e-6
+        with ThreadPoolExecutor(2) as pool:  # each start_processes call waits on its own two spawned ranks
+            ddp = pool.submit(parallel.ddp_train, world=2, steps=steps, batch=batch, seed=0)
+            hand = pool.submit(parallel.allreduce_train, {"plain": parallel.average_per_tensor}, world=2, steps=steps,
+                               batch=batch)
+            assert max_diff(ddp.result().state, one) < 1e-6
+            assert max_diff(hand.result().state["plain"], one) < 1e-6
 
 
 def test_course_sampler_under_ddp_gives_each_epoch_a_new_partition_and_repeats_it_on_restart():
