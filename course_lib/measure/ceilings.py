@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -154,9 +154,9 @@ class Ceilings:
         ceiling's, that block joins the ceiling's (a ceiling is the best rate seen of its op) and True is returned;
         ceilings.save again to keep it."""
         c = self.rows[name]
-        best = min(values) if c.kind == "overhead" else max(values)
-        if (best < c.best) if c.kind == "overhead" else (best > c.best):
-            self.rows[name] = Ceiling(c.name, c.kind, (*c.values, best), c.note, c.capacity)
+        grown = replace(c, values=(*c.values, replace(c, values=tuple(values)).best))  # best: Ceiling.best's rule
+        if grown.best != c.best:
+            self.rows[name] = grown
         return self.rows[name] is not c
 
     def noisy(self) -> list[str]:
