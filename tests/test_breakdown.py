@@ -70,10 +70,10 @@ def test_rows_table_and_sentence_name_the_largest_gap_and_its_cause():
     bd = fake_breakdown()
     assert [r["name"] for r in bd.rows][:2] == ["convolution", breakdown.PYTHON]
     text = breakdown.table(bd, top=3)
-    assert text.count("\n| ") == 3 and "| convolution | 2 | 500 µs" in text and "20%" in text  # bound / measured
+    assert text.count("\n| ") == 3 and "| convolution | 2 | 500 µs" in text and "20 %" in text  # bound / measured
     assert "not in the model" in text and "test machine" in text
     line = breakdown.sentence(bd)
-    assert line.startswith("Largest gap: convolution, 400 µs a step over the model, at 20% of its bound")
+    assert line.startswith("Largest gap: convolution, 400 µs a step over the model, at 20 % of its bound")
     assert breakdown.CAUSES["compute"] in line and len(line) <= 120
     worse = fake_breakdown(python=0.9e-3)  # Python between ops now the largest gap
     assert breakdown.sentence(worse).startswith(f"Largest gap: {breakdown.PYTHON}, 900 µs")
@@ -90,7 +90,7 @@ def test_reconcile_prints_the_profilers_own_overhead_and_the_shares():
     assert bd.overhead_s == pytest.approx(0.0, abs=1e-12)
     line = breakdown.reconcile(bd)
     assert "1.10 ms timed outside the profiler (median; 1.00 ms-1.20 ms, 3 runs)" in line
-    assert "55% of the profiled step ran in the 2 kinds of op" in line and "between recorded events" in line
+    assert "55 % of the profiled step ran in the 2 kinds of op" in line and "between recorded events" in line
     busy = fake_breakdown(measured=(2e-3,))
     assert "900 µs under the median timed outside it: no profiler overhead measured" in breakdown.reconcile(busy)
     assert bd.recorded == pytest.approx(1 - 0.2 / 1.1)

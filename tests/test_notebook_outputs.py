@@ -90,7 +90,7 @@ def test_committed_verdict_lines_are_short(path):
 
 # a row of course_lib.benchmark.breakdown's table: | op | calls | measured (share) | bound (class) | efficiency |
 BREAKDOWN_ROW = re.compile(
-    r"^\| ([\w.:]+) \| \d+ \| [^|]+ \| [^|]+\((compute|memory|overhead)\) \| ([\d,.]+)% \|$", re.M)
+    r"^\| ([\w.:]+) \| \d+ \| [^|]+ \| [^|]+\((compute|memory|overhead)\) \| ([\d,.]+) ?% \|$", re.M)
 
 
 def breakdown_rows_above_their_roof(text: str) -> list[str]:

@@ -221,7 +221,7 @@ def test_flop_summary_counts_an_epoch_and_compares_with_the_policys_precision():
         got = experiments.flop_summary(widths=SMALL, batch_size=64, steps=10, epoch_s=0.5, info=info)
         assert got.peak_tflops is not None, info  # a listed peak, in the precision the policy picks
         assert got.fraction_of_peak == pytest.approx(got.tflops / got.peak_tflops)
-        assert f"dense {precision}" in got.text and f"{got.fraction_of_peak:.1%}" in got.text
+        assert f"dense {precision}" in got.text and f"{100 * got.fraction_of_peak:.1f} %" in got.text
         assert got.tflops == pytest.approx(got.tflop_per_epoch / 0.5)
 
 

@@ -275,3 +275,27 @@ def test_the_footnote_explains_the_rule_once():
     for words in ("sure", "5 %", "6 of 6", "3.1 %", "97 %", "rank-sum", "Student's t", "no difference"):
         assert words in verdict.FOOTNOTE, words
     assert round(100 * significance.sign_level(6, 0)) == 97 and significance.paired_need() == 6
+
+
+def test_no_difference_states_no_direction_for_a_ratio_that_rounds_to_one():
+    """A median round of 1.003x would print '1.00x slower': a direction the figure does not have (issue 47)."""
+    a, b = [100.3, 99.0, 101.5, 100.2, 98.9, 100.4], [100.0] * 6
+    line = verdict.compare(a, b, "pruned", "fp32", paired=True)
+    assert line == "pruned vs fp32: no difference (median under 1 % apart, 6 rounds)", line
+    assert "1.00x" not in line
+
+
+def test_no_difference_says_when_rounds_and_medians_point_different_ways():
+    """Not called, the median round 1.04x slower but the table's medians the other way: the line says they disagree
+    instead of printing a direction the table contradicts."""
+    b = [10.0, 20.0, 30.0, 40.0, 50.0, 60.0]
+    a = [9.7, 19.5, 45.0, 55.0, 49.0, 58.5]  # a loses 4 of 6 rounds by 2-3 %, yet a's median 47 > b's 35
+    assert verdict.interval(a, b, paired=True).mid < 1 < verdict.medians_ratio(a, b)
+    line = verdict.compare(a, b, "A", "B", paired=True)
+    assert line == "A vs B: no difference (rounds and medians disagree; 6 rounds)", line
+
+
+def test_unpaired_no_difference_names_its_median_a_pair():
+    """Over unpaired runs the figure is the median of all run pairs' ratios, not the ratio of the medians."""
+    line = verdict.compare([10.0, 12.0, 9.0, 11.0], [11.0, 10.0, 12.0, 9.5], "A", "B", higher_is_better=False)
+    assert "(median pair " in line and verdict.NOISE in line, line

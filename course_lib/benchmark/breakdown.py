@@ -129,10 +129,10 @@ def table(bd: Breakdown, top: int = 5) -> str:
     bound and efficiency), and under it the reconciliation with the step timed outside the profiler."""
     lines = ["| op or overhead | calls | measured (share) | bound (class) | efficiency |", "|---|---|---|---|---|"]
     for r in bd.rows[:top]:
-        eff = f"{r['bound'] / r['measured']:.0%}" if r["bound"] and r["measured"] else "–"
+        eff = f"{100 * r['bound'] / r['measured']:.0f} %" if r["bound"] and r["measured"] else "–"
         bound = f"{timing.duration(r['bound'])} ({r['kind']})" if r["calls"] else "not in the model"
         lines.append(f"| {r['name']} | {r['calls'] or '–'} | {timing.duration(r['measured'])} "
-                     f"({r['measured'] / bd.profiled:.0%}) | {bound} | {eff} |")
+                     f"({100 * r['measured'] / bd.profiled:.0f} %) | {bound} | {eff} |")
     return "\n".join(lines) + "\n\n" + reconcile(bd) + f"\n\nHardware: {bd.hardware}; size {config.run_size().name}"
 
 
@@ -144,15 +144,16 @@ def reconcile(bd: Breakdown) -> str:
     spread = (f"{timing.duration(min(bd.measured))}-{timing.duration(max(bd.measured))}, {len(bd.measured)} runs"
               if len(bd.measured) > 1 else "one run")
     own = ("the same: no profiler overhead measured" if timing.duration(bd.profiled) == timing.duration(bd.step)
-           else f"so the profiler's own overhead is {timing.duration(bd.overhead_s)} ({bd.overhead_s / bd.step:.0%})"
+           else f"so the profiler's own overhead is {timing.duration(bd.overhead_s)} "
+           f"({100 * bd.overhead_s / bd.step:.0f} %)"
            if bd.overhead_s >= 0 else f"{timing.duration(-bd.overhead_s)} under the median timed outside it: "
            "no profiler overhead measured")
     return "\n".join([
         f"- Per step: {timing.duration(bd.step)} timed outside the profiler (median; {spread})",
         f"- under the profiler: {timing.duration(bd.profiled)} ({bd.steps} steps), {own}",
-        f"- {named:.0%} of the profiled step ran in the {len(bd.ops)} kinds of op the model counts",
-        f"- {bd.recorded - named:.0%} in named overhead the profiler recorded, {1 - bd.recorded:.0%} between recorded "
-        f"events ({PYTHON})",
+        f"- {100 * named:.0f} % of the profiled step ran in the {len(bd.ops)} kinds of op the model counts",
+        f"- {100 * (bd.recorded - named):.0f} % in named overhead the profiler recorded, "
+        f"{100 * (1 - bd.recorded):.0f} % between recorded events ({PYTHON})",
         f"- the model predicts {timing.duration(bd.predicted)}"])
 
 
@@ -167,7 +168,7 @@ def sentence(bd: Breakdown) -> str:
     elif "{" in why:  # a memory row without its bytes (an injected Breakdown): its time against the bound only
         why = "it takes longer than its bytes allow"
     head = f"Largest gap: {r['name']}, {timing.duration(r['gap'])} a step over the model"
-    eff = f", at {r['bound'] / r['measured']:.0%} of its bound" if r["calls"] and r["measured"] else ""
+    eff = f", at {100 * r['bound'] / r['measured']:.0f} % of its bound" if r["calls"] and r["measured"] else ""
     fits = [line for line in (f"{head}{eff}: {why}", f"{head}: {why}") if len(line) <= SENTENCE_CHARS]
     return fits[0] if fits else f"{head}{eff}:\n  {why}"
 

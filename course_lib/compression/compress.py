@@ -79,7 +79,7 @@ def int8_roof_lines(flops: float, weights: int, int8_s: float, fp32_s: float, ce
     int8 ceiling was measured (VNNI/AMX); elsewhere int8 has no roof of its own here, and the line says so."""
     fp32_roof = flops / ceil.rate("fp32")
     lines = [f"fp32: {flops / 1e9:,.3g} GFLOP in {fp32_s * 1e3:,.3g} ms, {100 * fp32_roof / fp32_s:.0f} % of the fp32 "
-             f"roof ({ceil.rate('fp32') / 1e9:,.0f} GFLOP/s)"]
+             f"roof ({ceil.rate('fp32') / 1e9:,.0f} GFLOP/s, lesson 00's {ceil.rate_row('fp32')})"]
     if hardware.cpu_int8_native() and "int8" in ceil.formats():
         int8_roof = flops / ceil.rate("int8")
         lines.append(f"int8: the same in {int8_s * 1e3:,.3g} ms, {100 * int8_roof / int8_s:.0f} % of the int8 roof "

@@ -55,7 +55,7 @@ def mechanism_03(make_data: Callable, batch_size: int = 256, steps: int = 3, *, 
                         f"yourself from the JPEG files")
     if decoded:
         where = "DataLoader workers decoded the JPEG files" if workers else \
-            f"the training process decoded {len(decoded)} images"
+            f"the training process decoded {len(decoded):,} images"
         problems.append(f"{where} during training\ndecode the files once, in setup, into one uint8 tensor, and "
                         f"augment whole batches\n(setup runs again inside fit: keep what the first call built)")
     return grading.mechanism("Exercise 1", problems)
@@ -114,8 +114,8 @@ def check_03_data_wait(make_data: Callable, predict_batch_seconds: Callable | No
                          what="time per batch", hardware=hardware.label())
     wait = statistics.median(found["waits"])
     fed = wait < max_wait
-    print(f"Exercise 1 (data wait): {'passed' if fed else 'not yet'} (training waits {wait:.0%} of the time, target < "
-          f"{max_wait:.0%})\n  LeNet on your pipeline, median of {len(found['waits'])} runs")
+    print(f"Exercise 1 (data wait): {'passed' if fed else 'not yet'} (training waits {100 * wait:.0f} % of the time, "
+          f"target < {100 * max_wait:.0f} %)\n  LeNet on your pipeline, median of {len(found['waits'])} runs")
     ceil = ceil or ceilings.load("cuda" if hardware.gpu_count() else "cpu", verbose=False)
     predicted = predict_batch_seconds(ceil, batch_size) if predict_batch_seconds else None
     told = grade_prediction("Exercise 1", predicted, statistics.median(found["mine"]),

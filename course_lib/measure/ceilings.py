@@ -278,7 +278,7 @@ def load(device: str = "cpu", *, remeasure: bool = False, verbose: bool = True) 
     if why is None:
         rows = {k: Ceiling(**{**v, "values": tuple(v["values"])}) for k, v in saved["rows"].items()}
         if verbose:
-            print(f"ceilings of this machine ({device}) from {target.name}, measured {saved['time']}")
+            print(f"ceilings ({device}): lesson 00's run of {saved['time'][:16]} on {saved['hardware']}")
         return Ceilings(saved["hardware"], saved["device"], saved["size"], saved["threads"], saved["torch"], rows)
     if verbose:
         print(f"measuring this machine's ceilings on {device} ({why}; a few seconds)...")

@@ -115,7 +115,7 @@ def explain(name: str, counts: Counts, ceil: ceilings.Ceilings, measured: list[f
     `rate`: the products' measured FLOP/s where `fmt` has no native ceiling (emulated), on a line of its own."""
     m = step_model(counts, ceil, fmt, rate)
     med = statistics.median(measured)
-    shares = ", ".join(f"{m.share[k]:.0%} {k}" for k in KINDS)
+    shares = ", ".join(f"{100 * m.share[k]:.0f} % {k}" for k in KINDS)
     spread = (f"{timing.duration(min(measured))}-{timing.duration(max(measured))}, {len(measured)} runs"
               if len(measured) > 1 else "a single run, no spread")
     emulated = [f"  {fmt} is emulated: products at the measured {timing.flop_rate(rate)}"] if rate else []

@@ -86,8 +86,7 @@ def mean_ratio(a: Sequence[float], b: Sequence[float]) -> str:
 
 def factor(ratio: float, better: str = "faster", worse: str = "slower") -> str:
     """A ratio in the course's one convention, k >= 1: 1.72 -> '1.72x faster', 0.58 -> '1.72x slower'."""
-    k, unit = factor_parts(ratio, better, worse)
-    return f"{k:.2f}{unit}"
+    return "{:.2f}{}".format(*factor_parts(ratio, better, worse))
 
 
 def factor_parts(ratio: float, better: str = "faster", worse: str = "slower") -> tuple[float, str]:
@@ -162,9 +161,9 @@ def compare(a: Sequence[float], b: Sequence[float], name_a: str, name_b: str, *,
     iv = interval(a, b, higher_is_better=higher_is_better, paired=paired)
     count = (f"{len(a)} round{'s' * (len(a) > 1)}" if paired else f"{len(a)} and {len(b)} {sample}s"
              if len(a) != len(b) else f"{len(a)} {sample}{'s' * (len(a) > 1)} each")
-    median = f"median {factor(iv.mid, better, worse)}"
-    shown = medians_ratio(a, b, higher_is_better=higher_is_better)
-    decision = _decide(iv, smallest, shown)
+    near = f"{max(iv.mid, 1 / iv.mid):.2f}" == "1.00"  # no direction for a ratio that rounds to 1.00x
+    median = f"median {'' if paired else 'pair '}" + ("under 1 % apart" if near else factor(iv.mid, better, worse))
+    decision = _decide(iv, smallest, shown := medians_ratio(a, b, higher_is_better=higher_is_better))
     test = "sign test over paired rounds" if paired else "rank-sum test over unpaired runs"
     what = "rounds" if paired else f"{sample} pairs"
     if decision is None:
@@ -183,7 +182,8 @@ def compare(a: Sequence[float], b: Sequence[float], name_a: str, name_b: str, *,
     if decision:
         return Verdict(f"{name_a}: {factor(iv.mid, better, worse)} than {name_b} ({SURE}: {agree} of {total} {what})",
                        detail, decision, factor(iv.mid, better, worse))
-    if (iv.lo > 1 or iv.hi < 1) and (shown - 1) * (iv.mid - 1) <= 0:
+    opposite = (shown - 1) * (iv.mid - 1)  # < 0: the median round and the table's medians point different ways
+    if opposite < 0 or (opposite == 0 and (iv.lo > 1 or iv.hi < 1)):
         return Verdict(f"{name_a} vs {name_b}: {NOISE} ({what} and medians disagree; {count})",
                        f"{detail}; but the medians' ratio is {factor(shown, better, worse)}: the two disagree", 0,
                        NOISE)

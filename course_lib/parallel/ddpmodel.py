@@ -174,7 +174,7 @@ def reason(wait_s: float, in_step_s: float, alone_s: float, latency: float, unex
     wait, slower = max(0.0, wait_s - latency), max(0.0, in_step_s - alone_s)
     if wait + slower < unexplained_s / 2:
         return (f"not located: by hand, the wait for the other rank ({1e3 * wait:.2f} ms) and a slower all-reduce "
-                f"({1e3 * slower:.2f}) cover {1e3 * (wait + slower):.2f} of {1e3 * unexplained_s:.2f} ms")
+                f"({1e3 * slower:.2f} ms) cover {1e3 * (wait + slower):.2f} of {1e3 * unexplained_s:.2f} ms")
     if wait >= slower:
         return (f"each rank waited {1e3 * wait:.2f} ms a step for the other at the all-reduce "
                 f"(by hand; the all-reduce {1e3 * in_step_s:.2f} ms, alone {1e3 * alone_s:.2f})")

@@ -161,7 +161,7 @@ def flop_summary(*, widths: tuple[int, int, int], batch_size: int, steps: int, e
     step_flops = flops.train_step_flops(AirNet(widths), batch_size) * steps
     precision = hardware.number_format(hardware.choose_precision(info=info))  # the format the policy trains in
     rate = flops.achieved(step_flops, epoch_s, info, precision)
-    peak = f"{rate.fraction_of_peak:.1%} of the {rate.peak_text}" if rate.peak_tflops else rate.peak_text
+    peak = f"{100 * rate.fraction_of_peak:.1f} % of the {rate.peak_text}" if rate.peak_tflops else rate.peak_text
     # in the unit that reads best: '290 GFLOP per epoch in 1.78 s: 163 GFLOP/s' on a CPU, TFLOP on a GPU
     count = flop_rate(step_flops).removesuffix("/s")
     text = f"{count} per epoch in {duration(epoch_s)}: {flop_rate(rate.tflops * 1e12)}, {peak}"
