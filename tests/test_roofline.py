@@ -384,3 +384,17 @@ def test_explain_prints_one_fact_a_line_each_within_120_characters():
                     assert all(line.startswith("  ") for line in lines[1:]) and "x the prediction" in lines[-1]
                     long = [f"{len(t)}: {t}" for t in lines if len(t) > verdict.LONGEST]
                     assert not long, "\n".join(long)
+
+
+def test_over_bound_names_a_fixed_cost_or_a_slow_rate():
+    """A type at 3x its bound or more gets two lines: a time flat in the bytes is a fixed cost, a growing one a rate."""
+    flat = [roofline.Layer(f"bn{i}", "BatchNorm2d", 0, b, "memory", 2e-5, 1.9e-4 + 1e-12 * b)
+            for i, b in enumerate((6e5, 3.7e6))]
+    grows = [roofline.Layer(f"act{i}", "GELU", 0, b, "memory", b / 40e9, b / 4e9) for i, b in enumerate((1e6, 8e6))]
+    fast = [roofline.Layer("conv", "Conv2d", 1e9, 1e6, "compute", 1e-3, 1.2e-3)]
+    lines = roofline.over_bound(flat + grows + fast)
+    assert len(lines) == 4 and lines[0].startswith("BatchNorm2d: 2 layers at")
+    assert "fixed cost of up to 191 µs" in lines[1]
+    assert lines[2].startswith("GELU: 2 layers at 10.0x their bound, 250 µs–2.00 ms")
+    assert "below the bandwidth" in lines[3]
+    assert roofline.over_bound(fast) == [] and all(len(line) <= 120 for line in lines)

@@ -52,7 +52,9 @@ def test_a_small_sure_gap_is_no_practical_difference():
     """1.02x in every round: beyond the spread, but under the 5 % worth calling; smallest=0 calls it."""
     a, b = [102, 204, 306, 408, 510, 612], [100, 200, 300, 400, 500, 600]
     text = verdict.compare(a, b, "A", "B", paired=True)
-    assert text == "A vs B: no practical difference (a sure gap under 5 %; 6 rounds)", text
+    assert text == "A vs B: no practical difference (sure: under 5 % faster; 6 rounds)", text
+    slower = verdict.compare(b, a, "B", "A", paired=True)  # the direction is kept: the gap is sure
+    assert slower == "B vs A: no practical difference (sure: under 5 % slower; 6 rounds)", slower
     assert "under the 5 % worth calling" in text.detail
     assert verdict.direction(a, b, paired=True) == 0
     assert verdict.compare(a, b, "A", "B", paired=True, smallest=0).startswith("A: 1.02x faster than B (sure:")

@@ -7,6 +7,7 @@ largest gap between measured and modelled time and its cause."""
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ OVERHEAD = (("loader", "enumerate(DataLoader)"), ("optimiser (Python)", "Optimiz
 PYTHON = "Python between ops"  # the step's time outside every recorded event: the interpreter, unrecorded work
 CAUSES = {  # why a row takes longer than the model allows, as the sentence says it
     "compute": "the step runs it slower than it ran alone",
-    "alone": "the step runs it slower than it ran alone",  # its floor (the op timed alone) set its bound
+    "alone": "the step runs it slower than its fastest call at these shapes",  # its floor set its bound
     "memory": "its bytes moved at {rate}, the bound assumes {assumed}",  # measured, not a guessed cause
     "overhead": "its fixed cost per call is above the per-op cost",
     "loader": "each batch is fetched and collated in Python",
@@ -79,12 +80,18 @@ def measure(step: Callable[[], object], ceil: ceilings.Ceilings, *, fmt: str = "
             counts: roofline.Counts | None = None) -> Breakdown:
     """Break `step` down: count its ops once warm (roofline.count, unless `counts` gives the lesson's own count with
     floors, so one call has one prediction), time it outside the profiler (timing.time_calls, unless `measured` gives
-    seconds per step), then profile `steps` steps (enough for MIN_PROFILED_S by default)."""
+    seconds per step), then profile `steps` steps (enough for MIN_PROFILED_S by default). A kernel-bound op's floor
+    is the faster of it alone and in those steps (seen_in_step); bd.counts holds the floors the model used."""
     step()  # warm: the optimiser's state exists, the first-call allocations are done
     counts = counts or roofline.count(step, floors=True)  # products, convolutions, pooling: floors at these shapes
     size = config.run_size().name
     measured = measured or timing.time_calls(step, min_run_time=0.2 if size == "smoke" else 1.0)
     steps = steps or max(3, round(MIN_PROFILED_S[size] / statistics.median(measured)))
+    watch = timing.Stopwatch(ceil.device)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof, watch:
+        for _ in range(steps):
+            step()
+    counts = seen_in_step(counts, prof.events(), steps)
     model = defaultdict(lambda: {"calls": 0, "bound": 0.0, "bytes": 0, "alone": 0.0, "work": defaultdict(float)})
     for op in counts.ops:
         b, row = roofline.op_bound(op, ceil, fmt, rate), model[op.name]
@@ -96,10 +103,6 @@ def measure(step: Callable[[], object], ceil: ceilings.Ceilings, *, fmt: str = "
         row["alone"] += work if op.floor and work == max(0.0, op.floor - b.seconds["overhead"]) else 0.0  # floor's
         row["work"][kind] += work
         row["work"]["overhead"] += b.seconds["overhead"]
-    watch = timing.Stopwatch(ceil.device)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof, watch:
-        for _ in range(steps):
-            step()
     spent = defaultdict(float)  # row -> self seconds over all profiled steps
     for event in prof.events():
         spent[_category(event, set(model))] += event.self_cpu_time_total / 1e6
@@ -113,6 +116,32 @@ def measure(step: Callable[[], object], ceil: ceilings.Ceilings, *, fmt: str = "
     overhead[PYTHON] = max(0.0, profiled - sum(r["measured"] for r in ops.values()) - sum(overhead.values()))
     predicted = roofline.step_model(counts, ceil, fmt, rate).predicted
     return rows(Breakdown(ops, overhead, list(measured), profiled, predicted, ceil.hardware, counts, fmt, rate, steps))
+
+
+def seen_in_step(counts: roofline.Counts, events, steps: int) -> roofline.Counts:
+    """counts with each kernel-bound op's floor (the op itself timed alone at its shapes) lowered to its fastest call
+    in the profiled steps where that was faster: both are times the op took at these shapes, alone or in the step
+    (where its inputs may be hot in the cache), so the faster is its floor. Calls are matched by order within a step;
+    an op whose calls do not number `steps` times its count is left as it was."""
+    floored = {o.name for o in counts.ops if o.floor and roofline.kernel_bound(o.name, o.matmul)}
+    counted, seen = {o.name for o in counts.ops}, defaultdict(list)  # name -> each outermost call's seconds, in order
+    for e in sorted(events, key=lambda e: e.time_range.start):
+        name = e.name[6:] if e.name.startswith("aten::") else ""
+        parent = e.cpu_parent
+        while parent is not None and not (parent.name.startswith("aten::") and parent.name[6:] in counted):
+            parent = parent.cpu_parent
+        if name in floored and parent is None:  # an outermost counted op: what ran inside it is its time
+            seen[name].append(e.cpu_time_total / 1e6)
+    ops = list(counts.ops)  # the caller's counts themselves come back where no floor moved
+    for name in floored:
+        where = [i for i, o in enumerate(ops) if o.name == name]
+        if len(seen[name]) != steps * len(where):
+            continue
+        for k, i in enumerate(where):
+            fastest = min(seen[name][s * len(where) + k] for s in range(steps))
+            if ops[i].floor and fastest < ops[i].floor:
+                ops[i] = dataclasses.replace(ops[i], floor=fastest)
+    return counts if ops == counts.ops else roofline.Counts(ops, counts.matmul_flops)
 
 
 def rows(bd: Breakdown) -> Breakdown:

@@ -195,6 +195,40 @@ def layer_lines(rows: list[Layer]) -> list[str]:
     return out
 
 
+def _span(lo: str, hi: str) -> str:
+    """'lo–hi', or one figure where both ends print alike."""
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
+OVER = 3.0  # a layer type measured at this many times its bound or more gets a line on how its time scales
+
+
+def over_bound(rows: list[Layer], factor: float = OVER) -> list[str]:
+    """Two lines per layer type whose every layer runs at `factor` times its bound or more: its times against its
+    bytes, and what that says. A time that barely grows with the bytes (less than their square root) is a fixed cost
+    per call the model, bytes over bandwidth plus one op's cost, does not have; else a rate below its bandwidth."""
+    out = []
+    for kind in dict.fromkeys(r.type for r in rows):
+        mine = [r for r in rows if r.type == kind]
+        if min(r.measured / r.predicted for r in mine) < factor:
+            continue
+        small, big = min(mine, key=lambda r: r.bytes), max(mine, key=lambda r: r.bytes)
+        ratios = sorted(r.measured / r.predicted for r in mine)
+        times = sorted(r.measured for r in mine)
+        out.append(f"{kind}: {len(mine)} layer{'s' * (len(mine) > 1)} at "
+                   f"{_span(verdict.number(ratios[0]), verdict.number(ratios[-1]))}x their bound, "
+                   f"{_span(timing.duration(times[0]), timing.duration(times[-1]))} for "
+                   f"{_span(f'{small.bytes / 2**20:.2f}', f'{big.bytes / 2**20:.2f}')} MiB")
+        grown, more = big.measured / small.measured, big.bytes / max(small.bytes, 1)
+        if more > 1 and grown < more ** 0.5:
+            out.append(f"  {verdict.number(grown)}x the time for {verdict.number(more)}x the bytes: a fixed cost of up "
+                       f"to {timing.duration(small.measured)} a call, which the model lacks")
+        else:
+            out.append(f"  {verdict.number(grown)}x the time for {verdict.number(more)}x the bytes: the bytes move "
+                       f"below the bandwidth the model assumes")
+    return out
+
+
 def plot(ceil: ceilings.Ceilings, points: list[tuple[str, float, float, float]], ax=None,
          roofs: list[tuple[str, float, float]] | None = None):
     """Log-log roofline in GFLOP/s against FLOP/byte: each roof (label, FLOP/s, bytes/s) as min(rate, bandwidth x

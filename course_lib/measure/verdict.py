@@ -188,8 +188,8 @@ def compare(a: Sequence[float], b: Sequence[float], name_a: str, name_b: str, *,
                        f"{detail}; but the medians' ratio is {factor(shown, better, worse)}: the two disagree", 0,
                        NOISE)
     if iv.lo > 1 or iv.hi < 1:
-        # no factor on the line: 1.0496 prints as '1.05x', which would read as past the 5 % it is under
-        return Verdict(f"{name_a} vs {name_b}: {PRACTICAL} (a sure gap under {_pct(smallest)}; {count})",
+        gap = f"under {_pct(smallest)} {(worse, better)[way > 0]}"  # no factor: 1.0496 would print as past 5 %
+        return Verdict(f"{name_a} vs {name_b}: {PRACTICAL} ({SURE}: {gap}; {count})",
                        f"{detail}; median {factor(iv.mid, better, worse)}, under the {_pct(smallest)} worth calling", 0,
                        PRACTICAL)
     return Verdict(f"{name_a} vs {name_b}: {NOISE} ({median}, {count})", detail, 0, NOISE)
