@@ -26,7 +26,7 @@ OVERHEAD = (("loader", "enumerate(DataLoader)"), ("optimiser (Python)", "Optimiz
 PYTHON = "Python between ops"  # the step's time outside every recorded event: the interpreter, unrecorded work
 CAUSES = {  # why a row takes longer than the model allows, as the sentence says it
     "compute": "the step runs it slower than it ran alone",
-    "alone": "the step runs it slower than its fastest call at these shapes",  # its floor set its bound
+    "alone": "the step runs it slower than its fastest call",  # its floor (alone or in the step) set its bound
     "memory": "its bytes moved at {rate}, the bound assumes {assumed}",  # measured, not a guessed cause
     "overhead": "its fixed cost per call is above the per-op cost",
     "loader": "each batch is fetched and collated in Python",
