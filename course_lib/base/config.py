@@ -86,7 +86,7 @@ class Budget:
         keep = ("it runs the listed full size" if self.fraction >= 1
                 else f"it keeps {100 * self.fraction:.0f} % of its images and timed steps")
         return (f"{head}; predicted {self.predicted_s:.0f} s at the listed size from lesson 00's fp32 matmul rate "
-                f"here ({self.gflops:.0f} GFLOP/s), so {keep}")
+                f"here,\n  {self.gflops:.0f} GFLOP/s, so {keep}")
 
 
 def lesson_budget(lesson: str, gflops: float | None, native_bf16: bool) -> Budget:

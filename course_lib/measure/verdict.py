@@ -162,7 +162,7 @@ def compare(a: Sequence[float], b: Sequence[float], name_a: str, name_b: str, *,
     count = (f"{len(a)} round{'s' * (len(a) > 1)}" if paired else f"{len(a)} and {len(b)} {sample}s"
              if len(a) != len(b) else f"{len(a)} {sample}{'s' * (len(a) > 1)} each")
     near = f"{max(iv.mid, 1 / iv.mid):.2f}" == "1.00"  # no direction for a ratio that rounds to 1.00x
-    median = f"median {'' if paired else 'pair '}" + ("under 1 % apart" if near else factor(iv.mid, better, worse))
+    median = "median " + ("under 1 % apart" if near else factor(iv.mid, better, worse))
     decision = _decide(iv, smallest, shown := medians_ratio(a, b, higher_is_better=higher_is_better))
     test = "sign test over paired rounds" if paired else "rank-sum test over unpaired runs"
     what = "rounds" if paired else f"{sample} pairs"
@@ -183,7 +183,7 @@ def compare(a: Sequence[float], b: Sequence[float], name_a: str, name_b: str, *,
         return Verdict(f"{name_a}: {factor(iv.mid, better, worse)} than {name_b} ({SURE}: {agree} of {total} {what})",
                        detail, decision, factor(iv.mid, better, worse))
     opposite = (shown - 1) * (iv.mid - 1)  # < 0: the median round and the table's medians point different ways
-    if opposite < 0 or (opposite == 0 and (iv.lo > 1 or iv.hi < 1)):
+    if (opposite < 0 and paired) or (opposite <= 0 and (iv.lo > 1 or iv.hi < 1)):
         return Verdict(f"{name_a} vs {name_b}: {NOISE} ({what} and medians disagree; {count})",
                        f"{detail}; but the medians' ratio is {factor(shown, better, worse)}: the two disagree", 0,
                        NOISE)
