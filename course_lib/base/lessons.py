@@ -25,11 +25,13 @@ COMPILED = {**RESNET, "compile": True, "channels_last": True}  # lesson 05's com
 BF16, FP16 = hardware.precision_name("bf16"), hardware.precision_name("16")
 
 # On a CPU, full sizes aim at about 10 minutes a lesson on 2 cores (a slow CPU takes longer: docs/results/
-# cpu-2core.md); on a GPU, full is the real thing. budget_s: the native-bf16 reference run's times x 1.5, 1,745 s in
-# all (config.COURSE_BUDGET_S keeps the rest for fixed costs). reference_s: make course at full size on two 2-core
-# AMD EPYCs, one per answer to 'native bf16?' (config.REFERENCE_GFLOPS; docs/results/cpu-2core.md names the runs).
+# cpu-2core.md); on a GPU, full is the real thing. budget_s: the native-bf16 reference run's times x 1.5, rounded up
+# to 5 s, 3,555 s in all (config.COURSE_BUDGET_S keeps the rest for fixed costs). reference_s: make course at full
+# size on two 2-core AMD EPYCs, one per answer to 'native bf16?' (config.REFERENCE_GFLOPS; docs/results/cpu-2core.md
+# names the runs): native, the committed run of 2026-12-05 (docs/results/lesson-times.json); emulated, an earlier
+# run, before the per-op breakdowns (config.lesson_budget also scales the native run's times for that class).
 LESSONS = (
-    Lesson("00_setup", "your hardware, where data goes, run size, Colab", budget_s=40, reference_s=(26, 33),
+    Lesson("00_setup", "your hardware, where data goes, run size, Colab", budget_s=55, reference_s=(36, 33),
            checks=("check_00_prediction",), figures=("fp32 matmul",),
            sections=(Section("4. This machine's ceilings: compute, memory, fixed cost", lambda r: (
                          Matmul("section 4: 2048^3 fp32 products, warm-up + max(5, repeats)", 2048,
@@ -37,7 +39,7 @@ LESSONS = (
                      Section("Exercises", lambda r: (
                          Matmul("exercise 2: 4096^3 fp32 products, warm-up + 3", 4096, 4),)))),
     Lesson("01_pytorch_baseline", "the classic CIFAR-10 CNN in plain PyTorch: its bugs fixed, measured",
-           budget_s=105, reference_s=(70, 194), checks=("check_01_batching",),
+           budget_s=435, reference_s=(288, 194), checks=("check_01_batching",),
            sections=(Section("3. The training loop, and what batch size 4 costs", lambda r: tuple(  # SWEEP + batch 64
                          Steps(f"section 3: LeNet batch {bs}, {r.repeats} x {r.bench_steps + 3} steps", "lenet", bs,
                                r.repeats * (r.bench_steps + 3), loop="plain")
@@ -52,7 +54,7 @@ LESSONS = (
                          Steps(f"section 3, training for real: the articles' loop, batch 4, {min(2, r.epochs)} epochs",
                                "lenet", 4, min(2, r.epochs) * r.epoch(4), loop="plain"),)))),
     Lesson("02_lightning", "the same model as LightningModule + DataModule + Trainer, torchmetrics, checkpoints, "
-           "overhead measured (barebones, ThroughputMonitor)", budget_s=140, reference_s=(94, 282),
+           "overhead measured (barebones, ThroughputMonitor)", budget_s=305, reference_s=(202, 282),
            checks=("check_02_trainer",), figures=(*TRAINER_ROWS_EPOCHS, *TRAINER_ROWS_OVERHEAD),
            sections=(Section("3. Train, log, test", lambda r: (
                          Steps(f"section 3: LeNet in the Trainer, {r.epochs} epochs", "lenet", 64,
@@ -63,7 +65,7 @@ LESSONS = (
                                loop="plain"))),
                      Section("5. What does Lightning cost?", work.lightning_cost))),
     Lesson("03_gpu_and_data", "device placement, host-to-device copies, pinned memory; the JPEG pipeline profiled "
-           "and fixed rung by rung; workers, GPU-resident data, batch size", budget_s=285, reference_s=(191, 506),
+           "and fixed rung by rung; workers, GPU-resident data, batch size", budget_s=365, reference_s=(243, 506),
            scales=(Scale("full", CPU, bench_steps=50),),  # 6 rounds of 50 steps: 3 rounds of 100's time
            gpu_rows=(GpuRow("small CNN, DataLoader 8 workers", {"backbone": "simple_cnn"}, data={
                          "num_workers": 8, "pin_memory": True, "persistent_workers": True, "augment": True}),
@@ -80,7 +82,7 @@ LESSONS = (
                      Section("5. Batch size: throughput, memory, and the learning rate", lambda r: tuple(
                          Steps(f"section 5: ResNet-9 w64 batch {b}, {n} steps", "resnet9", b, n, on_device=True)
                          for b in (32, 128, 512, 1024, 2048) for n in [r.repeats * (2 + r.bench_steps)])))),
-    Lesson("04_mixed_precision", "number formats, fp16 + GradScaler, bf16, TF32", budget_s=145, reference_s=(97, 517),
+    Lesson("04_mixed_precision", "number formats, fp16 + GradScaler, bf16, TF32", budget_s=540, reference_s=(359, 517),
            scales=(Scale("smoke", CPU, width=0.25),  # ResNet-9 at 16 channels
                    # smoke checks the code: emulated bf16 gets an eighth of the images and half the timed steps
                    Scale("smoke", CPU_EMULATED_BF16, train_subset=256, eval_subset=128, width=0.25, bench_steps=3),
@@ -98,7 +100,7 @@ LESSONS = (
                          "memory section: 3 step variants x 4 calls + 8 accumulated batches", "resnet9", 512,
                          3 * 4 + 8, loop="plain"),)))),  # MEM_WIDTH: 64 on a GPU
     Lesson("05_compile_and_tuning", "torch.compile as fusion, channels_last, cudnn.benchmark, host syncs, CUDA "
-           "graphs, profilers, the Tuner", budget_s=100, reference_s=(67, 176),
+           "graphs, profilers, the Tuner", budget_s=185, reference_s=(122, 176),
            targets=(Target("ResNet-9 bf16 + compile + channels_last", "ResNet-9 bf16-mixed", 1.3),),
            # a GPU without bf16 (a T4, compute capability 7.5) skips the bf16 rows; the compile then runs in the fp16
            # the policy picks there, so the check shows whether torch.compile works on it (or its error)
@@ -135,7 +137,7 @@ LESSONS = (
                          Steps(f"scale_batch_size trial, batch {b}", "simple_cnn", b, 3)  # 7 trials, 3 steps each
                          for b in (64 * 2**k for k in range(7)))))),
     Lesson("06_ddp", "data vs model parallel, DDP mechanics, ddp_notebook, torchrun and multi-node "
-           "([commands](docs/multi_gpu.md))", budget_s=310, reference_s=(206, 273), checks=("check_06_allreduce",),
+           "([commands](docs/multi_gpu.md))", budget_s=365, reference_s=(242, 273), checks=("check_06_allreduce",),
            sections=(Section("2. How DDP works", lambda r: (HostSeconds(
                          "CPU DDP (gloo) cells: the committed CPU run; the multi-GPU cells need 2 GPUs and are skipped",
                          r.wall_s("06_ddp") - r.wall_s("00_setup"), r.wall_s("06_ddp") - r.wall_s("00_setup"),
@@ -143,7 +145,7 @@ LESSONS = (
                              note="sections 2-4: the committed run less the start the estimator counts"),
                      Section("3. DDP in Lightning, in a notebook", note="counted in section 2's item"),
                      Section("4. Scaling, measured", note="counted in section 2's item"))),
-    Lesson("07_quantization", "PT2E int8 via torchao, QAT, pruning", budget_s=150, reference_s=(99, 227),
+    Lesson("07_quantization", "PT2E int8 via torchao, QAT, pruning", budget_s=205, reference_s=(134, 227),
            scales=(Scale("smoke", CPU, width=0.25), Scale("smoke", GPU, width=0.25),  # ResNet-9 at 16 channels
                    Scale("full", CPU, train_subset=4_096, eval_subset=2_000, width=0.25)),
            checks=("check_07_inference",), figures=("ResNet9 int8 compile time",),
@@ -164,7 +166,7 @@ LESSONS = (
                              note="not counted: the weight-only and fp8 demo on a small MLP"))),
     Lesson("08_capstone", "CIFAR-10 to 94 % as fast as possible: airbench-style AirNet, on-device augmentation, a "
            "measured ladder of tricks, seeds, FLOPs and fraction of peak, Lightning beside a plain-PyTorch twin",
-           status="ready (GPU figures not yet measured)", budget_s=470, reference_s=(314, 1118),
+           status="ready (GPU figures not yet measured)", budget_s=1100, reference_s=(731, 1118),
            scales=(Scale("smoke", CPU, train_subset=256, eval_subset=256, epochs=2, width=1 / 8, batch_size=64),
                    Scale("smoke", GPU, train_subset=256, eval_subset=256, epochs=2, width=1 / 8, batch_size=64),
                    Scale("full", CPU, train_subset=5_000, eval_subset=2_000, epochs=10, width=1 / 4, batch_size=256),
