@@ -172,11 +172,13 @@ def reason(wait_s: float, in_step_s: float, alone_s: float, latency: float, unex
     (its barrier beyond one call's latency) and the all-reduce's time inside a step beyond alone; the larger is named
     where the two cover half of it or more, else how little they cover."""
     wait, slower = max(0.0, wait_s - latency), max(0.0, in_step_s - alone_s)
-    if wait + slower < unexplained_s / 2:
-        return (f"not located: by hand, the wait for the other rank ({1e3 * wait:.2f} ms) and a slower all-reduce "
-                f"({1e3 * slower:.2f} ms) cover {1e3 * (wait + slower):.2f} of {1e3 * unexplained_s:.2f} ms")
+    if wait + slower < unexplained_s / 2:  # a part under 0.01 ms says nothing: left out
+        found = [f"{name} ({1e3 * s:.2f} ms)" for name, s in (("the wait for the other rank", wait),
+                                                            ("a slower all-reduce", slower)) if s >= 1e-5]
+        return (f"not located: by hand, {' and '.join(found) or 'no wait and no slower all-reduce'} "
+                f"cover{'s' * (len(found) == 1)} {1e3 * (wait + slower):.2f} of {1e3 * unexplained_s:.2f} ms")
     if wait >= slower:
         return (f"each rank waited {1e3 * wait:.2f} ms a step for the other at the all-reduce "
-                f"(by hand; the all-reduce {1e3 * in_step_s:.2f} ms, alone {1e3 * alone_s:.2f})")
+                f"(by hand; the all-reduce {1e3 * in_step_s:.2f} ms, alone {1e3 * alone_s:.2f} ms)")
     return (f"the all-reduce took {1e3 * in_step_s:.2f} ms in a step, {1e3 * alone_s:.2f} ms alone "
             f"(by hand; the wait for the other rank {1e3 * wait:.2f} ms)")
