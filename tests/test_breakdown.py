@@ -145,6 +145,9 @@ def test_the_sentence_says_what_was_measured_a_floor_set_bound_and_a_memory_rows
     bd = breakdown.rows(breakdown.Breakdown(ops, {}, [2e-3], 2e-3, 0.5e-3, "test machine", steps=3))
     line = breakdown.sentence(bd)
     assert line.endswith("its bytes moved at 25 GB/s, the bound assumes 100 GB/s") and len(line) <= 120, line
+    ops["mul"].update({"faults": 1500.0, "class": "elementwise"})  # new pages counted (not charged), the op class
+    line = breakdown.sentence(breakdown.rows(bd))
+    assert line.startswith("Largest gap: mul (elementwise), 1.50 ms") and "; 1,500 page faults a step, not in" in line
     del ops["mul"]["bytes"]  # no bytes: no rates, and no format field left in the line
     assert "{" not in breakdown.sentence(breakdown.rows(bd))
 

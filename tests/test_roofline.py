@@ -95,6 +95,11 @@ def test_step_model_sums_each_ops_bound_and_shares_it_by_kind():
     assert m.kind == "compute" and m.share["memory"] == pytest.approx((0.01 + 400 / 1e10) / m.predicted)
     line = roofline.explain("step", counts, ceil, [0.2, 0.22, 0.25])
     assert "compute-bound" in line and "measured 220 ms" in line and "test machine" in line
+    floored = roofline.Counts([roofline.Op("fused", 10, int(1e3), fresh=int(1e3), floor=0.5)], 0)  # alone: 0.5 s
+    m = roofline.step_model(floored, ceil)  # its floor, not its bytes, set its bound: the line names the floor
+    assert m.kind == "memory" and m.floor == pytest.approx((0.5 - 1e-5) / m.predicted)
+    assert "bound by its ops' floors" in roofline.explain("fused", floored, ceil, [0.6])
+    assert roofline.step_model(counts, ceil).floor == 0
     counts.matmul_flops = int(1e10)  # the mm's: pointwise FLOPs do not count towards the matmul ceiling
     assert roofline.achieved(counts, 0.2, ceil).fraction_of_ceiling == pytest.approx(1e10 / 0.2 / 1e11)
 
@@ -310,6 +315,27 @@ def test_an_elementwise_floor_is_a_copy_of_its_bytes_with_its_allocation_and_a_f
     x = torch.randn(64)
     fused = roofline.fused(roofline.count(lambda: torch.tanh(x * 2) + 1), [x], [x], floors=True)
     assert fused.ops[0].floor == 2e-3 and set(parts) == {"tanh"}
+
+
+def test_the_steps_page_faults_are_counted_per_op_and_left_out_of_the_bound(monkeypatch):
+    """count(floors=True) counts each op's page faults, the mean over FAULT_CALLS calls of the step after FAULT_WARMUP
+    uncounted (injected: 3 faults an op); the bound does not charge them (no probe of a fault's cost was a lower
+    bound on this course's CPU); without floors nothing is counted."""
+    import itertools
+
+    from course_lib.measure import opcount
+
+    ticks = itertools.count(step=3)  # each read of the counter 3 above the last: every op takes 3 faults
+    monkeypatch.setattr(opcount, "minor_faults", lambda: next(ticks))
+    monkeypatch.setattr(opcount, "_best", lambda fn: 1e-3)  # each op alone: 1 ms
+    monkeypatch.setattr(opcount, "replay", lambda chain, died: {})
+    monkeypatch.setenv(config.SIZE_ENV, "full")
+    x = torch.randn(2**15)
+    c = roofline.count(lambda: (x * 2) * 3, floors=True)
+    assert [o.faults for o in c.ops] == [3, 3]
+    ceil = fake_ceilings(per_op=1e-5)
+    assert roofline.op_bound(c.ops[0], ceil) == roofline.op_bound(replace(c.ops[0], faults=0), ceil)
+    assert [o.faults for o in roofline.count(lambda: x * 2).ops] == [0]
 
 
 @pytest.mark.parametrize("size, passes, tries", [("smoke", 1, 1), ("full", 2, 1 + ceilings.RETRIES)])

@@ -92,7 +92,8 @@ def measure(step: Callable[[], object], ceil: ceilings.Ceilings, *, fmt: str = "
         for _ in range(steps):
             step()
     counts = seen_in_step(counts, prof.events(), steps)
-    model = defaultdict(lambda: {"calls": 0, "bound": 0.0, "bytes": 0, "alone": 0.0, "work": defaultdict(float)})
+    model = defaultdict(lambda: {"calls": 0, "bound": 0.0, "bytes": 0, "alone": 0.0, "work": defaultdict(float),
+                                 "faults": 0.0})
     for op in counts.ops:
         b, row = roofline.op_bound(op, ceil, fmt, rate), model[op.name]
         kind = "compute" if b.seconds["compute"] >= b.seconds["memory"] else "memory"
@@ -100,6 +101,8 @@ def measure(step: Callable[[], object], ceil: ceilings.Ceilings, *, fmt: str = "
         row["calls"] += 1
         row["bound"] += work + b.seconds["overhead"]
         row["bytes"] += op.bytes
+        row["class"] = roofline.op_class(op)
+        row["faults"] += op.faults  # new pages the step mapped in this op: counted, not in the bound
         row["alone"] += work if op.floor and work == max(0.0, op.floor - b.seconds["overhead"]) else 0.0  # floor's
         row["work"][kind] += work
         row["work"]["overhead"] += b.seconds["overhead"]
@@ -108,8 +111,9 @@ def measure(step: Callable[[], object], ceil: ceilings.Ceilings, *, fmt: str = "
         spent[_category(event, set(model))] += event.self_cpu_time_total / 1e6
     profiled = watch.seconds / steps
     ops = {name: {"calls": row["calls"], "measured": spent.pop(name, 0.0) / steps, "bound": row["bound"],
-                  "kind": max(row["work"], key=row["work"].get), "bytes": row["bytes"],
+                  "kind": max(row["work"], key=row["work"].get), "bytes": row["bytes"], "class": row["class"],
                   "work": row["bound"] - row["work"]["overhead"],  # the bound less the fixed cost per op
+                  "faults": row["faults"],  # page faults a step (opcount: counted, not charged)
                   "alone": row["alone"] >= 0.5 * (row["bound"] - row["work"]["overhead"])}  # floors set most of it
            for name, row in model.items()}
     overhead = {name: s / steps for name, s in spent.items() if name != PYTHON}
@@ -194,9 +198,11 @@ def sentence(bd: Breakdown) -> str:
     why = CAUSES.get(r["name"]) or CAUSES["alone" if r.get("alone") else r["kind"]]
     if r["kind"] == "memory" and r.get("bytes") and r["measured"] and r.get("work"):  # rates: measured, assumed
         why = why.format(rate=_rate(r["bytes"] / r["measured"]), assumed=_rate(r["bytes"] / r["work"]))
+        why += f"; {r['faults']:,.0f} page faults a step, not in it" if round(r.get("faults", 0)) else ""  # new pages
     elif "{" in why:  # a memory row without its bytes (an injected Breakdown): its time against the bound only
         why = "it takes longer than its bytes allow"
-    head = f"Largest gap: {r['name']}, {timing.duration(r['gap'])} a step over the model"
+    named = f"{r['name']} ({r['class']})" if r.get("class") else r["name"]  # the op class the gap is in
+    head = f"Largest gap: {named}, {timing.duration(r['gap'])} a step over the model"
     eff = f", at {100 * r['bound'] / r['measured']:.0f} % of its bound" if r["calls"] and r["measured"] else ""
     fits = [line for line in (f"{head}{eff}: {why}", f"{head}: {why}") if len(line) <= SENTENCE_CHARS]
     return fits[0] if fits else f"{head}{eff}:\n  {why}"

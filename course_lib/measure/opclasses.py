@@ -13,6 +13,11 @@ import torch
 
 from ..base import internals
 
+try:
+    import resource  # Unix: the process's page-fault counters
+except ImportError:  # Windows: no counter, so no page faults are charged
+    resource = None
+
 LLC_MULTIPLE = 4  # the DRAM copy moves this many times the last-level cache, so the cache cannot hold it
 COPY_BYTES = (64 * 2**20, 1024 * 2**20)  # floor and cap of the DRAM copy's buffer, whatever the cache reports
 CACHE_SHARE = 2  # the cache copy's working set (source + destination) is the last-level cache over this
@@ -108,6 +113,11 @@ def per_op(device: str) -> list[Probe]:
     return [Probe("per op", "overhead", LOOP_OPS, eager, f"{LOOP_OPS} adds of {TINY_ELEMENTS} floats"),
             Probe("per call compiled", "overhead", LOOP_OPS, compiled,
                   f"{LOOP_OPS} calls of a compiled add of {TINY_ELEMENTS} floats", warm=True)]
+
+
+def minor_faults() -> int:
+    """Minor page faults this process has taken so far (each the first touch of a newly mapped page); 0 unknown."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource else 0
 
 
 def host_to_device(device: str) -> list[Probe]:

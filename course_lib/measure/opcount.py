@@ -3,12 +3,15 @@ the bytes of its tensor inputs and outputs (a gather: the rows it reads), seen b
 each op's floor at its own sizes. Products, convolutions and pooling are replayed alone with the step's own arguments
 (their speed depends on their shapes: LeNet's 6-channel convolutions run far below a 2048x2048 matmul's rate); every
 other op gets its reference, a copy of the bytes it writes into a new or a reused buffer as the op does, which
-measures the first touch of new pages at the op's size. A floor is the best sustained seconds of one call."""
+measures the first touch of new pages at the op's size. A floor is the best sustained seconds of one call. Where a
+step's own ops map new pages (glibc gives a trimmed heap's memory back and maps it again), their minor page faults
+are counted per op over a few calls of the step: a measured fact the breakdown prints, not a cost in the bound."""
 from __future__ import annotations
 
 import dataclasses
 import time
 import weakref
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
@@ -19,6 +22,7 @@ from ..base import config
 from ..base.internals import TorchDispatchMode  # the hook that sees every aten op; torch names it only privately
 from . import timing
 from .ceilings import NOISY, RETRIES
+from .opclasses import minor_faults
 
 NO_TRAFFIC = ("empty", "detach", "lift_fresh", "alias", "_record_function")  # allocate, relabel or mark: no data
 TRANSCENDENTAL_OPS = ("tanh", "exp", "log", "sigmoid", "erf")  # a fused kernel's costliest part where it has one
@@ -34,6 +38,9 @@ REFERENCE_BYTES = 2**16  # smaller outputs' copies take about one op's fixed cos
 # smoke run only checks the code, so one pass and no retries (make test's time, issue 45); full keeps both
 FLOOR_PASSES = {"smoke": 1, "full": 2}
 FLOOR_RETRIES = {"smoke": 0, "full": RETRIES}
+# calls of the step whose page faults are counted (the mean per call is kept), after FAULT_WARMUP calls uncounted: the
+# allocator's first calls after other work map more pages than its steady state does
+FAULT_CALLS, FAULT_WARMUP = {"smoke": 1, "full": 16}, {"smoke": 0, "full": 2}
 _floors: dict[tuple, float] = {}  # signature -> best seconds per call, kept for the process (a lesson's sweep)
 
 
@@ -47,6 +54,8 @@ class Op:
     matmul: bool = False  # a matrix product or convolution (FlopCounterMode's formulas): runs at the matmul rate
     fresh: int = 0  # bytes of output the op allocates (not in place, no out=): new pages where they are large
     floor: float = 0.0  # seconds one call takes alone at these shapes (best sustained), where measured; 0: not
+    faults: float = 0.0  # minor page faults (new pages) per call of the step, mean of FAULT_CALLS calls: counted, not
+    # charged: their cost per page varied with the op on this course's CPU (no probe of it was a lower bound)
 
 
 @dataclass
@@ -102,6 +111,22 @@ def reference(written: int, read: int, fresh: bool, device: str = "cpu", again: 
             (lambda: torch.empty_like(src).fill_(1)) if fresh else lambda: dst.fill_(1)
         _floors[key] = min(_floors.get(key, float("inf")), _best(fn))
     return _floors[key]
+
+
+class _FaultCounter(TorchDispatchMode):
+    """Adds each op's minor page faults to `tally`, the ops numbered as _OpRecorder numbers them."""
+
+    def __init__(self, tally: Counter):
+        super().__init__()
+        self.tally, self.index = tally, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        before = minor_faults()
+        out = func(*args, **(kwargs or {}))
+        if not (func.is_view or func.__name__.split(".")[0].startswith(NO_TRAFFIC)):
+            self.tally[self.index] += minor_faults() - before
+            self.index += 1
+        return out
 
 
 def _passes() -> int:
@@ -212,10 +237,19 @@ def count(fn: Callable, *args, floors: bool = False, **kwargs) -> Counts:
     product's, convolution's and pooling op's floor at its shapes (floor) and every other op's reference copy of its
     bytes (reference), timed after the call, outside the counters. An elementwise op's floor is the faster of its
     reference copy alone and in the step's order: the slower of the two held lesson 05's eager GELU ops above their
-    roof (the allocator's state after the replay is not the step's), so only the faster is a lower bound."""
+    roof (the allocator's state after the replay is not the step's), so only the faster is a lower bound. With
+    `floors`, the step's own page faults are counted per op over FAULT_CALLS calls of it first (their mean)."""
+    size = config.run_size().name
+    tally, calls = Counter(), FAULT_CALLS[size] if floors else 0
+    for i in range(FAULT_WARMUP[size] + calls if floors else 0):  # before the recorder, which keeps tensors alive
+        with _FaultCounter(tally if i >= FAULT_WARMUP[size] else Counter()):
+            fn(*args, **kwargs)
     with FlopCounterMode(display=False) as flop_counter, _OpRecorder(floors) as recorder:
         fn(*args, **kwargs)
     ops = recorder.ops
+    for i, faults in tally.items():
+        if i < len(ops) and faults:
+            ops[i] = dataclasses.replace(ops[i], faults=faults / calls)
     with torch.no_grad():
         for again in range(_passes()):  # passes apart in time: a burst from another process spoils only one
             for i, timer in recorder.calls.items():

@@ -87,20 +87,24 @@ class StepModel:
     predicted: float  # seconds
     share: dict  # {"compute": fraction, "memory": fraction, "overhead": fraction}
     kind: str  # compute, memory or overhead: the largest share
+    floor: float = 0.0  # fraction of `predicted` that ops' floors set (each op timed alone at its shapes)
 
 
 def step_model(counts: Counts, ceil: ceilings.Ceilings, fmt: str = "fp32", rate: float | None = None) -> StepModel:
     """Each op against the ceilings of its class, one after another: an op's work takes the longer of its compute and
     its memory time, plus the fixed cost per op; predicted seconds are their sum, with the share of it spent bound by
-    compute, memory and the per-op cost (overhead); `kind` is the largest share."""
-    share = dict.fromkeys(KINDS, 0.0)
+    compute, memory and the per-op cost (overhead); `kind` is the largest share; `floor` the share that ops' floors
+    set (opcount.floor: the op timed alone at its shapes)."""
+    share, floor = dict.fromkeys(KINDS, 0.0), 0.0
     for op in counts.ops:
         b = op_bound(op, ceil, fmt, rate)
         work = max(b.seconds["compute"], b.seconds["memory"])
         share["compute" if b.seconds["compute"] >= b.seconds["memory"] else "memory"] += work
         share["overhead"] += b.seconds["overhead"]
+        floor += work if op.floor and work == max(0.0, op.floor - b.seconds["overhead"]) else 0.0  # the floor set it
     total = sum(share.values())
-    return StepModel(total, {k: v / total for k, v in share.items()} if total else share, max(share, key=share.get))
+    return StepModel(total, {k: v / total for k, v in share.items()} if total else share, max(share, key=share.get),
+                     floor / total if total else 0.0)
 
 
 def ops(n: int) -> str:
@@ -111,8 +115,9 @@ def ops(n: int) -> str:
 def explain(name: str, counts: Counts, ceil: ceilings.Ceilings, measured: list[float], fmt: str = "fp32",
             rate: float | None = None) -> str:
     """A printed verdict, one fact a line (each <= verdict.LONGEST): what the step does; the bound it hits against
-    which ceilings; the predicted time by bound; the time that predicts against the measured time with its spread.
-    `rate`: the products' measured FLOP/s where `fmt` has no native ceiling (emulated), on a line of its own."""
+    which ceilings (where its ops' floors set most of the prediction, those floors); the predicted time by bound; the
+    time that predicts against the measured time with its spread. `rate`: the products' measured FLOP/s where `fmt`
+    has no native ceiling (emulated), on a line of its own."""
     m = step_model(counts, ceil, fmt, rate)
     med = statistics.median(measured)
     shares = ", ".join(f"{100 * m.share[k]:.0f} % {k}" for k in KINDS)
@@ -122,7 +127,8 @@ def explain(name: str, counts: Counts, ceil: ceilings.Ceilings, measured: list[f
     return "\n".join([
         f"{name}: {verdict.number(counts.flops / 1e9)} GFLOP, {verdict.number(counts.bytes / 2**20)} MiB moved, "
         f"{ops(counts.n_ops)}, {verdict.number(counts.intensity)} FLOP/byte",
-        f"  {m.kind}-bound against {ceil.hardware}'s {fmt} ceilings", *emulated,
+        f"  bound by its ops' floors (each op timed alone at its shapes): {m.floor:.0%} of the predicted time"
+        if m.floor > 0.5 else f"  {m.kind}-bound against {ceil.hardware}'s {fmt} ceilings", *emulated,
         f"  predicted time by bound: {shares}",
         f"  the model predicts {timing.duration(m.predicted)}, measured {timing.duration(med)} (median; {spread}): "
         f"{verdict.number(med / m.predicted)}x the prediction"])
