@@ -89,7 +89,7 @@ def test_reconcile_prints_the_profilers_own_overhead_and_the_shares():
     bd = fake_breakdown()  # profiled 1.1 ms, measured 1.1 ms median
     assert bd.overhead_s == pytest.approx(0.0, abs=1e-12)
     line = breakdown.reconcile(bd)
-    assert "1.10 ms timed outside the profiler (median; 1.00 ms-1.20 ms, 3 runs)" in line
+    assert "1.10 ms timed outside the profiler (median; 1.00–1.20 ms, 3 runs)" in line
     assert "55 % of the profiled step ran in the 2 kinds of op" in line and "between recorded events" in line
     busy = fake_breakdown(measured=(2e-3,))
     assert "900 µs under the median timed outside it: no profiler overhead measured" in breakdown.reconcile(busy)

@@ -174,7 +174,7 @@ def reconcile(bd: Breakdown) -> str:
     step outside it, the profiler's own overhead, the shares recorded in the ops the model counts, in named overhead
     and between recorded events, and the model's prediction."""
     named = sum(r["measured"] for r in bd.ops.values()) / bd.profiled
-    spread = (f"{timing.duration(min(bd.measured))}-{timing.duration(max(bd.measured))}, {len(bd.measured)} runs"
+    spread = (f"{_span(min(bd.measured), max(bd.measured))}, {len(bd.measured)} runs"
               if len(bd.measured) > 1 else "one run")
     own = ("the same: no profiler overhead measured" if timing.duration(bd.profiled) == timing.duration(bd.step)
            else f"so the profiler's own overhead is {timing.duration(bd.overhead_s)} "
@@ -206,6 +206,12 @@ def sentence(bd: Breakdown) -> str:
     eff = f", at {100 * r['bound'] / r['measured']:.0f} % of its bound" if r["calls"] and r["measured"] else ""
     fits = [line for line in (f"{head}{eff}: {why}", f"{head}: {why}") if len(line) <= SENTENCE_CHARS]
     return fits[0] if fits else f"{head}{eff}:\n  {why}"
+
+
+def _span(lo: float, hi: float) -> str:
+    """Two durations as a range, the unit once where they share it: '6.32–7.10 ms', '980 µs–1.20 ms'."""
+    (a, unit), b = timing.duration(lo).split(), timing.duration(hi)
+    return f"{a}–{b}" if b.endswith(f" {unit}") else f"{a} {unit}–{b}"
 
 
 def _rate(bytes_per_s: float) -> str:
