@@ -42,11 +42,24 @@ def test_prediction_uses_only_independent_parts():
     assert m.parts["all-reduce bytes"] == pytest.approx(250_000 / 1e9)  # 2(N-1)/N = 1 of the bytes on 2
     assert m.step_s == pytest.approx(0.010 + 0.003 + 1e-4 + 2.5e-4)
     assert m.efficiency == pytest.approx(0.010 / m.step_s)
-    assert set(m.parts) == {"compute", "sharing the cores", "all-reduce latency", "all-reduce bytes"}
+    assert set(m.parts) == {"compute", "sharing the cores", "all-reduce latency", "all-reduce bytes", "the slower rank"}
+    assert m.parts["the slower rank"] == 0  # no wait given: none modelled
     big = ddpmodel.predict(0.010, [20 * 2**20] * 3, 4, latency=1e-4, bandwidth=1e9)
     assert big.buckets == 2 and big.parts["all-reduce latency"] == pytest.approx(2e-4)  # 40 + 20 MiB
     assert big.parts["all-reduce bytes"] == pytest.approx(1.5 * 60 * 2**20 / 1e9)  # 2(N-1)/N = 1.5 on 4
     assert big.parts["sharing the cores"] == 0 and big.efficiency < 1
+
+
+def test_the_wait_for_the_slower_rank_is_the_expected_slowest_step_less_the_mean():
+    """Two ranks whose steps take 10 or 14 ms, equally often: the slower of two is 14 ms in 3 pairs of 4, so the
+    expected slowest is 13 ms against a mean of 12: a lockstep loop waits 1 ms a step. Equal steps wait for nothing."""
+    assert ddpmodel.slower_rank([0.010, 0.014] * 5, 2) == pytest.approx(0.001)
+    assert ddpmodel.slower_rank([0.010] * 8, 2) == pytest.approx(0) and ddpmodel.slower_rank([], 2) == 0
+    assert ddpmodel.slower_rank([0.010, 0.014] * 5, 4) == pytest.approx(0.014 - 0.012 - 0.004 / 16)  # 1 - (1/2)^4
+    m = ddpmodel.predict(0.010, [250_000], 2, latency=1e-4, bandwidth=1e9, wait=0.001)
+    assert m.parts["the slower rank"] == pytest.approx(0.001) and m.step_s == pytest.approx(0.01135)
+    parts = ddpmodel.breakdown(m, measured_efficiency=0.5)  # a 20 ms measured step
+    assert parts["the slower rank"] == pytest.approx(0.001) and parts["unexplained"] == pytest.approx(0.020 - 0.01135)
 
 
 def test_breakdown_leaves_what_the_model_lacks_unexplained():
@@ -70,3 +83,5 @@ def test_reason_names_the_larger_measured_cost_or_how_little_they_cover():
     both = ddpmodel.reason(wait_s=4e-4, in_step_s=2.09e-3, alone_s=1.9e-3, latency=1e-4, unexplained_s=3.72e-3)
     assert "rank (0.30 ms) and a slower all-reduce (0.19 ms) cover 0.49 of 3.72 ms" in both and len(both) <= 116
     assert len(lost) <= 116
+    over = ddpmodel.reason(wait_s=4e-4, in_step_s=2e-3, alone_s=1.9e-3, latency=1e-4, unexplained_s=-5e-4)
+    assert over == "nothing to locate: the modelled step is 0.50 ms longer than the measured one"  # no wait named

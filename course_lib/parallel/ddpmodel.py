@@ -1,9 +1,11 @@
-"""Lesson 06's model of a data-parallel step, built only from what is measured apart from the DDP step it predicts:
-one process's step (the per-rank batch, the per-rank threads), sharing the cores (a plain step beside the other ranks
-against alone), and a ring all-reduce of the gradients' buckets: 2(N-1)/N of the bytes per process at the measured
-gloo bandwidth plus one measured latency per call (per DDP bucket). The predicted scaling efficiency is one
-process's step over the modelled one; what the measured step adds beyond it is left unexplained, and a hand-written
-loop in the same workers names where it goes (waiting for the other rank, or a slower all-reduce inside the step)."""
+"""Lesson 06's model of a data-parallel step, built only from what is measured apart from the DDP step it predicts: one
+process's step (the per-rank batch, the per-rank threads), sharing the cores (a plain step beside the other ranks
+against alone), and a ring all-reduce of the gradients' buckets: 2(N-1)/N of the bytes per process at the measured gloo
+bandwidth plus one measured latency per call (per DDP bucket), each call timed as a step meets it (right after a
+backward) and averaged, and the wait for the slower rank (the expected slowest of N plain steps run side by side). The
+predicted scaling efficiency is one process's step over the modelled one; what the measured step adds beyond it is left
+unexplained, and a hand-written loop in the same workers names where it goes (waiting for the other rank, or a slower
+all-reduce inside the step)."""
 from __future__ import annotations
 
 import os
@@ -22,7 +24,37 @@ from .parallel import Job, toy_data, toy_model, train_steps
 
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket cap (bucket_cap_mb=25): one all-reduce call per bucket
 SIZES = (4, 2**24)  # all-reduce sizes in bytes: one is all latency, 16 MiB mostly bytes (a lesson adds its own)
-REPEATS = 7  # timed all-reduces per size, and rounds of each loop
+REPEATS = 7  # rounds of each loop
+CALLS = 40  # timed all-reduces per size: a few are several ms slower (the mean is what a step pays on average)
+
+
+def _allreduce_times(net, xs, ys, sizes: tuple[int, ...], calls: int) -> dict:
+    """Seconds of every all-reduce of each size in bytes, timed as a step meets it: right after this rank's backward,
+    the ranks entering together (a barrier); two untimed calls first set up gloo's buffers for the size."""
+    out = {}
+    for nbytes in sizes:
+        buf, took = torch.zeros(max(1, nbytes // 4)), []
+        for i in range(calls + 2):
+            net.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(net(xs[i % len(xs)]), ys[i % len(ys)]).backward()
+            dist.barrier()  # every rank enters together: the time is the exchange, not a wait for a peer
+            start = time.perf_counter()  # a host clock: gloo runs on the CPU, nothing to synchronize
+            dist.all_reduce(buf)
+            took.append(time.perf_counter() - start)
+        out[nbytes] = took[2:]
+    return out
+
+
+def _timed_steps(net, xs, ys) -> list[float]:
+    """train_steps with each step's seconds: the plain loop's own step-to-step spread."""
+    opt, took = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9), []
+    for x, y in zip(xs, ys):
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+        opt.step()
+        took.append(time.perf_counter() - start)
+    return took
 
 
 def _hand_steps(net, xs, ys, found: dict) -> None:
@@ -46,29 +78,29 @@ def _hand_steps(net, xs, ys, found: dict) -> None:
     found["in_step_s"].append(exchange / len(xs))
 
 
-def _cost_worker(rank: int, job: Job, sizes: tuple[int, ...], repeats: int) -> None:
+def _cost_worker(rank: int, job: Job, sizes: tuple[int, ...], repeats: int, calls: int) -> None:
     job.join(rank, max(1, (os.cpu_count() or 1) // job.world))
     try:
-        found = {"allreduce_s": {}, "alone_s": [], "beside_s": [], "ddp_s": [], "wait_s": [], "in_step_s": []}
-        for nbytes in sizes:  # the median call per size, after one untimed call that sets up gloo's buffers
-            buf, took = torch.zeros(max(1, nbytes // 4)), []
-            for _ in range(repeats + 1):
-                dist.barrier()  # every rank enters together: the time is the exchange, not a wait for a peer
-                start = time.perf_counter()  # a host clock: gloo runs on the CPU, nothing to synchronize
-                dist.all_reduce(buf)
-                took.append(time.perf_counter() - start)
-            found["allreduce_s"][nbytes] = statistics.median(took[1:])
+        found = {"alone_s": [], "beside_s": [], "ddp_s": [], "wait_s": [], "in_step_s": []}
         xs, ys = toy_data(job.steps, job.batch, job.model, job.seed)  # a whole batch per process, as DDP's rows
+        found["allreduce_calls"] = _allreduce_times(toy_model(job.model, job.seed), xs, ys, sizes, calls)
+        found["allreduce_s"] = {b: statistics.fmean(t) for b, t in found["allreduce_calls"].items()}
+        mine = []  # this rank's plain steps beside the others, one by one
         train_steps(DDP(toy_model(job.model, job.seed)), xs[:2], ys[:2])  # untimed warm-up: allocations, buckets
         for mode in ("alone", "beside", "ddp", "hand") * repeats:  # rank 0 alone; every rank beside it; in DDP; by hand
             dist.barrier()
             if mode == "hand":
                 _hand_steps(toy_model(job.model, job.seed), xs, ys, found)
+            elif mode == "beside":
+                mine += _timed_steps(toy_model(job.model, job.seed), xs, ys)
+                found["beside_s"].append(statistics.fmean(mine[-job.steps:]))
             elif rank == 0 or mode != "alone":
                 net = toy_model(job.model, job.seed)
                 net, start = DDP(net) if mode == "ddp" else net, time.perf_counter()
                 train_steps(net, xs, ys)  # ddp: backward all-reduces in buckets, each step waits for the slower rank
                 found[f"{mode}_s"].append((time.perf_counter() - start) / job.steps)
+        found["beside_steps"] = [None] * job.world
+        dist.all_gather_object(found["beside_steps"], mine)  # every rank's steps, for the wait for the slowest
         if rank == 0:
             torch.save(found, job.out)
         job.leave()
@@ -78,36 +110,42 @@ def _cost_worker(rank: int, job: Job, sizes: tuple[int, ...], repeats: int) -> N
 
 @dataclass(frozen=True)
 class Costs:
-    """What measure() timed: the median all-reduce seconds per size in bytes; rank 0's seconds per step alone, beside
-    the other ranks and in DDP, one per round; and per round, the hand-written loop's mean wait for the other rank and
-    its all-reduce inside the step, seconds per step."""
+    """What measure() timed: every all-reduce's seconds per size in bytes, and their mean; rank 0's seconds per step
+    alone, beside the other ranks and in DDP, one per round; and per round, the hand-written loop's mean wait for the
+    other rank and its all-reduce inside the step, seconds per step; every rank's plain steps beside the others, one by
+    one."""
 
-    allreduce_s: dict  # bytes -> seconds
+    allreduce_s: dict  # bytes -> mean seconds
+    allreduce_calls: dict  # bytes -> seconds of each call
     alone_s: list
     beside_s: list
     ddp_s: list
     wait_s: list
     in_step_s: list
+    beside_steps: list  # per rank: seconds of each step
 
 
 def measure(world: int = 2, sizes: tuple[int, ...] = SIZES, repeats: int = REPEATS, model: str = "lenet",
-            batch: int = 64, steps: int = 40) -> Costs:
-    """In `world` spawned gloo workers: the median all-reduce seconds of each size in bytes ("allreduce_s": bytes
-    -> s), and rank 0's seconds per training step of `model`: alone and with every rank stepping beside it, no
-    communication ("alone_s", "beside_s"), every rank stepping in DDP ("ddp_s"), and a hand-written loop's wait for
+            batch: int = 64, steps: int = 40, calls: int = CALLS) -> Costs:
+    """In `world` spawned gloo workers: `calls` all-reduces of each size in bytes, each after a backward of `model`
+    ("allreduce_calls": bytes -> [s], "allreduce_s": their mean), every rank's plain steps beside the others
+    ("beside_steps"), and rank 0's seconds per training step of `model`: alone and with every rank stepping beside it,
+    no communication ("alone_s", "beside_s"), every rank stepping in DDP ("ddp_s"), and a hand-written loop's wait for
     the other rank and all-reduce per step ("wait_s", "in_step_s"); one figure per round, the loops alternating."""
     with tempfile.TemporaryDirectory() as tmp:
         job = Job(world=world, store=f"{tmp}/store", out=Path(tmp) / "rank0.pt", steps=steps, batch=batch,
                   model=model, seed=0)
-        mp.start_processes(_cost_worker, nprocs=world, start_method="spawn", join=True, args=(job, sizes, repeats))
+        mp.start_processes(_cost_worker, nprocs=world, start_method="spawn", join=True,
+                           args=(job, sizes, repeats, calls))
         return Costs(**torch.load(job.out, weights_only=True))
 
 
 def link(allreduce_s: dict, world: int, nbytes: float | None = None) -> tuple[float, float]:
-    """(latency s, bandwidth bytes/s): the latency is the smallest all-reduce's time, or the faster time of the size
-    nearest `nbytes` (the largest when None) where that one came out faster; the bandwidth is what that size got beyond
-    the latency (the largest size's where it got nothing), 2(N-1)/N of its bytes per process (a ring). Like memory's,
-    gloo's bandwidth depends on the message's size, so the model reads it at the gradients' own where it can."""
+    """(latency s, bandwidth bytes/s) from all-reduce seconds per size (measure's means): the latency is the smallest
+    all-reduce's time, or the faster time of the size nearest `nbytes` (the largest when None) where that one came out
+    faster; the bandwidth is what that size got beyond the latency (the largest size's where it got nothing), 2(N-1)/N
+    of its bytes per process (a ring). Like memory's, gloo's bandwidth depends on the message's size, so the model reads
+    it at the gradients' own where it can."""
     small = min(allreduce_s)
     size = max(allreduce_s) if nbytes is None else min(allreduce_s, key=lambda b: abs(b - nbytes))
     latency = min(allreduce_s[small], allreduce_s[size])  # no message takes less than a call: a slow tiny one was noise
@@ -119,6 +157,17 @@ def link(allreduce_s: dict, world: int, nbytes: float | None = None) -> tuple[fl
 def ring_bytes(grad_bytes: float, world: int) -> float:
     """Bytes each process sends (and receives) in a ring all-reduce of `grad_bytes`: 2(N-1)/N of them."""
     return 2 * (world - 1) / world * grad_bytes
+
+
+def slower_rank(step_s: list[float], world: int) -> float:
+    """Seconds a step in lockstep waits for the slowest of `world` ranks: the expected largest of `world` steps drawn
+    from `step_s` (plain steps run side by side, every rank's) less their mean. Each step of a synchronous loop ends
+    at the slowest rank's; a rank whose step came out faster waits."""
+    xs, n = sorted(step_s), len(step_s)
+    if n == 0:
+        return 0.0
+    top = sum(x * ((k / n) ** world - ((k - 1) / n) ** world) for k, x in enumerate(xs, 1))
+    return max(0.0, top - statistics.fmean(xs))
 
 
 def buckets(tensor_bytes: list[float], cap: float = BUCKET_BYTES) -> list[float]:
@@ -144,27 +193,30 @@ class Prediction:
 
 
 def predict(step_s: float, tensor_bytes: list[float], world: int, *, latency: float, bandwidth: float,
-            beside_ratio: float = 1.0, cap: float = BUCKET_BYTES) -> Prediction:
+            beside_ratio: float = 1.0, wait: float = 0.0, cap: float = BUCKET_BYTES) -> Prediction:
     """One process's step `step_s` (per-rank batch and threads) on `world` processes: slowed by `beside_ratio` (the
-    plain step beside the others over alone), plus one `latency` per DDP bucket of the parameter tensors
-    `tensor_bytes` and the ring's bytes at `bandwidth`. No overlap with backward is credited: the last bucket (the
-    first layers' gradients) is ready only when backward ends, and earlier ones are charged in full (an upper bound
-    on the all-reduce's part; with one bucket, exact). No term is read from a DDP step."""
+    plain step beside the others over alone), plus one `latency` per DDP bucket of the parameter tensors `tensor_bytes`,
+    the ring's bytes at `bandwidth` and `wait` for the slower rank (slower_rank). No overlap with backward is credited:
+    the last bucket (the first layers' gradients) is ready only when backward ends, and earlier ones are charged in full
+    (an upper bound on the all-reduce's part; with one bucket, exact). No term is read from a DDP step."""
     calls = buckets(tensor_bytes, cap)
     parts = {"compute": step_s, "sharing the cores": step_s * (beside_ratio - 1),
              "all-reduce latency": latency * len(calls),
-             "all-reduce bytes": ring_bytes(sum(tensor_bytes), world) / bandwidth}
+             "all-reduce bytes": ring_bytes(sum(tensor_bytes), world) / bandwidth, "the slower rank": wait}
     step = sum(parts.values())
     return Prediction(parts, step, step_s / step, len(calls))
 
 
 def breakdown(model: Prediction, measured_efficiency: float) -> dict:
     """Seconds per part of the measured DDP step (one process's step over the measured efficiency): compute (with
-    sharing), the modelled all-reduce, and what neither explains (negative where the model is slower)."""
+    sharing), the modelled all-reduce, the wait for the slower rank, and what none explains (negative where the model
+    is slower)."""
     measured = model.parts["compute"] / measured_efficiency
     compute = model.parts["compute"] + model.parts["sharing the cores"]
     allreduce = model.parts["all-reduce latency"] + model.parts["all-reduce bytes"]
-    return {"compute": compute, "all-reduce": allreduce, "unexplained": measured - compute - allreduce}
+    wait = model.parts.get("the slower rank", 0.0)
+    return {"compute": compute, "all-reduce": allreduce, "the slower rank": wait,
+            "unexplained": measured - compute - allreduce - wait}
 
 
 def reason(wait_s: float, in_step_s: float, alone_s: float, latency: float, unexplained_s: float) -> str:
@@ -172,6 +224,8 @@ def reason(wait_s: float, in_step_s: float, alone_s: float, latency: float, unex
     (its barrier beyond one call's latency) and the all-reduce's time inside a step beyond alone; the larger is named
     where the two cover half of it or more, else how little they cover."""
     wait, slower = max(0.0, wait_s - latency), max(0.0, in_step_s - alone_s)
+    if unexplained_s <= 0:  # nothing left to locate: the model's step is the longer one
+        return f"nothing to locate: the modelled step is {1e3 * -unexplained_s:.2f} ms longer than the measured one"
     if wait + slower < unexplained_s / 2:  # a part under 0.01 ms says nothing: left out
         found = [f"{name} ({1e3 * s:.2f} ms)" for name, s in (("the wait for the other rank", wait),
                                                             ("a slower all-reduce", slower)) if s >= 1e-5]
