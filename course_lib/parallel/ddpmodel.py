@@ -25,23 +25,22 @@ from .parallel import Job, toy_data, toy_model, train_steps
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket cap (bucket_cap_mb=25): one all-reduce call per bucket
 SIZES = (4, 2**24)  # all-reduce sizes in bytes: one is all latency, 16 MiB mostly bytes (a lesson adds its own)
 REPEATS = 7  # rounds of each loop
-CALLS = 40  # timed all-reduces per size: a few are several ms slower (the mean is what a step pays on average)
+CALLS = 42  # timed all-reduces per size, spread over the rounds: slow calls come in spells (a step pays the mean)
 
 
-def _allreduce_times(net, xs, ys, sizes: tuple[int, ...], calls: int) -> dict:
-    """Seconds of every all-reduce of each size in bytes, timed as a step meets it: right after this rank's backward,
-    the ranks entering together (a barrier); two untimed calls first set up gloo's buffers for the size."""
-    out = {}
+def _allreduce_times(net, xs, ys, sizes: tuple[int, ...], calls: int, out: dict) -> dict:
+    """`out` (bytes -> [s]) with `calls` more all-reduces of each size, timed as a step meets them: right after this
+    rank's backward, the ranks entering together (a barrier); two untimed calls first set up gloo's buffers (once)."""
     for nbytes in sizes:
-        buf, took = torch.zeros(max(1, nbytes // 4)), []
-        for i in range(calls + 2):
+        buf, took, warm = torch.zeros(max(1, nbytes // 4)), [], 0 if nbytes in out else 2
+        for i in range(calls + warm):
             net.zero_grad(set_to_none=True)
             torch.nn.functional.cross_entropy(net(xs[i % len(xs)]), ys[i % len(ys)]).backward()
             dist.barrier()  # every rank enters together: the time is the exchange, not a wait for a peer
             start = time.perf_counter()  # a host clock: gloo runs on the CPU, nothing to synchronize
             dist.all_reduce(buf)
             took.append(time.perf_counter() - start)
-        out[nbytes] = took[2:]
+        out[nbytes] = out.get(nbytes, []) + took[warm:]
     return out
 
 
@@ -83,13 +82,14 @@ def _cost_worker(rank: int, job: Job, sizes: tuple[int, ...], repeats: int, call
     try:
         found = {"alone_s": [], "beside_s": [], "ddp_s": [], "wait_s": [], "in_step_s": []}
         xs, ys = toy_data(job.steps, job.batch, job.model, job.seed)  # a whole batch per process, as DDP's rows
-        found["allreduce_calls"] = _allreduce_times(toy_model(job.model, job.seed), xs, ys, sizes, calls)
-        found["allreduce_s"] = {b: statistics.fmean(t) for b, t in found["allreduce_calls"].items()}
+        found["allreduce_calls"], net = {}, toy_model(job.model, job.seed)
         mine = []  # this rank's plain steps beside the others, one by one
         train_steps(DDP(toy_model(job.model, job.seed)), xs[:2], ys[:2])  # untimed warm-up: allocations, buckets
-        for mode in ("alone", "beside", "ddp", "hand") * repeats:  # rank 0 alone; every rank beside it; in DDP; by hand
+        for mode in ("allreduce", "alone", "beside", "ddp", "hand") * repeats:  # alone: rank 0 only; the rest: all
             dist.barrier()
-            if mode == "hand":
+            if mode == "allreduce":  # a share of the calls each round: a spell of slow calls weighs as long as it lasts
+                _allreduce_times(net, xs, ys, sizes, -(-calls // repeats), found["allreduce_calls"])
+            elif mode == "hand":
                 _hand_steps(toy_model(job.model, job.seed), xs, ys, found)
             elif mode == "beside":
                 mine += _timed_steps(toy_model(job.model, job.seed), xs, ys)
@@ -99,6 +99,7 @@ def _cost_worker(rank: int, job: Job, sizes: tuple[int, ...], repeats: int, call
                 net, start = DDP(net) if mode == "ddp" else net, time.perf_counter()
                 train_steps(net, xs, ys)  # ddp: backward all-reduces in buckets, each step waits for the slower rank
                 found[f"{mode}_s"].append((time.perf_counter() - start) / job.steps)
+        found["allreduce_s"] = {b: statistics.fmean(t) for b, t in found["allreduce_calls"].items()}
         found["beside_steps"] = [None] * job.world
         dist.all_gather_object(found["beside_steps"], mine)  # every rank's steps, for the wait for the slowest
         if rank == 0:
@@ -127,11 +128,12 @@ class Costs:
 
 def measure(world: int = 2, sizes: tuple[int, ...] = SIZES, repeats: int = REPEATS, model: str = "lenet",
             batch: int = 64, steps: int = 40, calls: int = CALLS) -> Costs:
-    """In `world` spawned gloo workers: `calls` all-reduces of each size in bytes, each after a backward of `model`
-    ("allreduce_calls": bytes -> [s], "allreduce_s": their mean), every rank's plain steps beside the others
-    ("beside_steps"), and rank 0's seconds per training step of `model`: alone and with every rank stepping beside it,
-    no communication ("alone_s", "beside_s"), every rank stepping in DDP ("ddp_s"), and a hand-written loop's wait for
-    the other rank and all-reduce per step ("wait_s", "in_step_s"); one figure per round, the loops alternating."""
+    """In `world` spawned gloo workers: `calls` all-reduces of each size in bytes (a share in every round), each after a
+    backward of `model` ("allreduce_calls": bytes -> [s], "allreduce_s": their mean), every rank's plain steps beside
+    the others ("beside_steps"), and rank 0's seconds per training step of `model`: alone and with every rank stepping
+    beside it, no communication ("alone_s", "beside_s"), every rank stepping in DDP ("ddp_s"), and a hand-written loop's
+    wait for the other rank and all-reduce per step ("wait_s", "in_step_s"); one figure per round, the loops
+    alternating."""
     with tempfile.TemporaryDirectory() as tmp:
         job = Job(world=world, store=f"{tmp}/store", out=Path(tmp) / "rank0.pt", steps=steps, batch=batch,
                   model=model, seed=0)
