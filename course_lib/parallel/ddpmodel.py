@@ -59,7 +59,7 @@ def _timed_steps(net, xs, ys) -> list[float]:
 def _hand_steps(net, xs, ys, found: dict) -> None:
     """The plain loop with the gradients all-reduced by hand as one flat buffer after backward, a barrier first: the
     barrier's time is the wait for the other rank to arrive, the all-reduce's is the exchange inside a step."""
-    opt, wait, exchange = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9), 0.0, 0.0
+    opt, wait, exchange, begin = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9), 0.0, 0.0, time.perf_counter()
     for x, y in zip(xs, ys):
         opt.zero_grad(set_to_none=True)
         torch.nn.functional.cross_entropy(net(x), y).backward()
@@ -75,12 +75,13 @@ def _hand_steps(net, xs, ys, found: dict) -> None:
         opt.step()
     found["wait_s"].append(wait / len(xs))
     found["in_step_s"].append(exchange / len(xs))
+    found["hand_s"].append((time.perf_counter() - begin) / len(xs))
 
 
 def _cost_worker(rank: int, job: Job, sizes: tuple[int, ...], repeats: int, calls: int) -> None:
     job.join(rank, max(1, (os.cpu_count() or 1) // job.world))
     try:
-        found = {"alone_s": [], "beside_s": [], "ddp_s": [], "wait_s": [], "in_step_s": []}
+        found = {"alone_s": [], "beside_s": [], "ddp_s": [], "wait_s": [], "in_step_s": [], "hand_s": []}
         xs, ys = toy_data(job.steps, job.batch, job.model, job.seed)  # a whole batch per process, as DDP's rows
         found["allreduce_calls"], net = {}, toy_model(job.model, job.seed)
         mine = []  # this rank's plain steps beside the others, one by one
@@ -124,6 +125,7 @@ class Costs:
     wait_s: list
     in_step_s: list
     beside_steps: list  # per rank: seconds of each step
+    hand_s: list  # the hand-written loop's seconds per step, one per round
 
 
 def measure(world: int = 2, sizes: tuple[int, ...] = SIZES, repeats: int = REPEATS, model: str = "lenet",
