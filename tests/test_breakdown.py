@@ -148,6 +148,8 @@ def test_the_sentence_says_what_was_measured_a_floor_set_bound_and_a_memory_rows
     ops["mul"].update({"faults": 1500.0, "class": "elementwise"})  # new pages counted (not charged), the op class
     line = breakdown.sentence(breakdown.rows(bd))
     assert line.startswith("Largest gap: mul (elementwise), 1.50 ms") and "; 1,500 page faults a step, not in" in line
+    ops["mul"]["alone"] = True  # an elementwise op's floor is a copy of its bytes, not the op: its rates, still
+    assert "the bound assumes 100 GB/s" in breakdown.sentence(breakdown.rows(bd))
     del ops["mul"]["bytes"]  # no bytes: no rates, and no format field left in the line
     assert "{" not in breakdown.sentence(breakdown.rows(bd))
 

@@ -195,10 +195,12 @@ def sentence(bd: Breakdown) -> str:
     modelled time, its efficiency and why; where that does not fit, without the efficiency; where neither fits, the
     cause goes on an indented second line (never dropped, never a cut word)."""
     r = max(bd.rows, key=lambda r: r["gap"])
-    why = CAUSES.get(r["name"]) or CAUSES["alone" if r.get("alone") else r["kind"]]
+    alone = r.get("alone") and roofline.kernel_bound(r["name"], r.get("class") == "matmul")  # the op itself, timed
+    why = CAUSES.get(r["name"]) or CAUSES["alone" if alone else r["kind"]]  # (an elementwise floor is a copy: rates)
     if r["kind"] == "memory" and r.get("bytes") and r["measured"] and r.get("work"):  # rates: measured, assumed
         why = why.format(rate=_rate(r["bytes"] / r["measured"]), assumed=_rate(r["bytes"] / r["work"]))
-        why += f"; {r['faults']:,.0f} page faults a step, not in it" if round(r.get("faults", 0)) else ""  # new pages
+        faults = round(r.get("faults", 0))  # new pages the op touched: counted, not charged
+        why += f"; {faults:,} page faults a step, not in the model" if faults else ""
     elif "{" in why:  # a memory row without its bytes (an injected Breakdown): its time against the bound only
         why = "it takes longer than its bytes allow"
     named = f"{r['name']} ({r['class']})" if r.get("class") else r["name"]  # the op class the gap is in
