@@ -130,8 +130,8 @@ def check_07_inference(quantize: Callable, model, calibration: list, held_out, p
     x64 = next(iter(held_out))[0][:EX07_BATCH]  # (64, 3, 32, 32) real held-out images
     served = compress.compile_for_cpu(program, x64)  # Inductor with freezing: the int8 kernels
     agree, seen = agreement(served, model, held_out, batches)
-    print(f"Exercise 2: your int8 model matches the trained fp32 model's class on {100 * agree:.1f} % of {seen:,} "
-          f"held-out images (needs >= {100 * min_agreement:.0f} %)")
+    print(f"Exercise 2: your int8 model agrees with the fp32 model on {100 * agree:.1f} % of {seen:,} held-out "
+          f"images (needs >= {100 * min_agreement:.0f} %)")
     if not measure:
         return agree >= min_agreement
 
