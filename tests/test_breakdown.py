@@ -165,7 +165,7 @@ def test_a_breakdown_given_the_lessons_counts_predicts_what_they_predict():
 
 def test_a_floor_slower_than_the_op_ran_in_the_step_is_lowered_to_the_step_s_fastest_call():
     """A kernel-bound op timed alone at 10 s a call (a busy machine) ran in microseconds in the profiled steps: its
-    floor becomes its fastest call there, so its bound stays a bound (efficiency at most 100 %); a copy's is kept."""
+    floor becomes its fastest call there (the fake ceilings' parts of the bound are no floors); a copy's is kept."""
     import dataclasses
 
     x = torch.randn(64, 64)
@@ -174,5 +174,4 @@ def test_a_floor_slower_than_the_op_ran_in_the_step_is_lowered_to_the_step_s_fas
     bd = breakdown.measure(lambda: (x @ x).relu(), fake_ceilings(), measured=[1e-3], steps=3, counts=slow)
     mm, relu = bd.counts.ops
     assert mm.name == "mm" and mm.floor < 0.5 and relu.floor == 10.0  # relu is not kernel-bound: its floor stays
-    assert bd.ops["mm"]["bound"] <= bd.ops["mm"]["measured"] * (1 + 1e-9)
     assert bd.predicted == pytest.approx(roofline.step_model(bd.counts, fake_ceilings()).predicted)
