@@ -155,6 +155,16 @@ def test_script_path_lightning_launches_the_ranks(tmp_path, tiny_folder, monkeyp
     assert row.processes == 2 and row.batch_size == 16 and row.steps == 2 and row.images_per_s > 0
 
 
+def test_the_script_path_counts_the_collectives_of_a_ddp_step(tmp_path, tiny_folder, monkeypatch):
+    """`--collectives` profiles a short DDP fit: LeNet's gradients fill one DDP bucket, so one all-reduce a step;
+    the loop's own calls are counted beside it, by kind, per step."""
+    monkeypatch.setenv("COURSE_DATA", str(tiny_folder))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    counts = scaling.count_collectives(2, tmp_path / "calls.json", timeout=180, accelerator="cpu", model="lenet",
+                                       batch=8, warmup=1, steps=2)
+    assert counts["all_reduce"] == 1.0 and all(n > 0 for n in counts.values())
+
+
 def _running(p: psutil.Process) -> bool:
     try:
         return p.status() != psutil.STATUS_ZOMBIE

@@ -42,8 +42,9 @@ def test_prediction_uses_only_independent_parts():
     assert m.parts["all-reduce bytes"] == pytest.approx(250_000 / 1e9)  # 2(N-1)/N = 1 of the bytes on 2
     assert m.step_s == pytest.approx(0.010 + 0.003 + 1e-4 + 2.5e-4)
     assert m.efficiency == pytest.approx(0.010 / m.step_s)
-    assert set(m.parts) == {"compute", "sharing the cores", "all-reduce latency", "all-reduce bytes", "the slower rank"}
-    assert m.parts["the slower rank"] == 0  # no wait given: none modelled
+    assert set(m.parts) == {"compute", "sharing the cores", "all-reduce latency", "all-reduce bytes",
+                            "the loop's collectives", "the slower rank"}
+    assert m.parts["the slower rank"] == 0 and m.parts["the loop's collectives"] == 0  # none given: none modelled
     big = ddpmodel.predict(0.010, [20 * 2**20] * 3, 4, latency=1e-4, bandwidth=1e9)
     assert big.buckets == 2 and big.parts["all-reduce latency"] == pytest.approx(2e-4)  # 40 + 20 MiB
     assert big.parts["all-reduce bytes"] == pytest.approx(1.5 * 60 * 2**20 / 1e9)  # 2(N-1)/N = 1.5 on 4
@@ -60,6 +61,22 @@ def test_the_wait_for_the_slower_rank_is_the_expected_slowest_step_less_the_mean
     assert m.parts["the slower rank"] == pytest.approx(0.001) and m.step_s == pytest.approx(0.01135)
     parts = ddpmodel.breakdown(m, measured_efficiency=0.5)  # a 20 ms measured step
     assert parts["the slower rank"] == pytest.approx(0.001) and parts["unexplained"] == pytest.approx(0.020 - 0.01135)
+
+
+def test_the_loops_own_collectives_are_the_calls_past_ddps_buckets_at_their_kinds_latency():
+    """Lightning's loop broadcasts a flag every step besides DDP's one bucket all-reduce: the broadcast is charged at the
+    broadcast's latency, DDP's all-reduce not again; an all-reduce past the buckets, or an unmeasured kind, at the
+    all-reduce's latency."""
+    counts = {"all_reduce": 1.0, "broadcast": 1.0}  # LeNet in Lightning's DDP: one bucket, the loop's flag
+    assert ddpmodel.loop_seconds(counts, 1, {"broadcast": 3e-4}, default=1e-4) == pytest.approx(3e-4)
+    assert ddpmodel.loop_seconds({"all_reduce": 3.0}, 1, {}, default=1e-4) == pytest.approx(2e-4)  # two past the one
+    assert ddpmodel.loop_seconds({"all_gather": 0.5}, 2, {}, default=1e-4) == pytest.approx(5e-5)  # every other step
+    assert ddpmodel.loop_seconds({"all_reduce": 1.0}, 2, {}, default=1e-4) == 0  # fewer than the buckets: none extra
+    m = ddpmodel.predict(0.010, [250_000], 2, latency=1e-4, bandwidth=1e9, loop_s=3e-4)
+    assert m.parts["the loop's collectives"] == pytest.approx(3e-4) and m.step_s == pytest.approx(0.01065)
+    parts = ddpmodel.breakdown(m, measured_efficiency=0.5)  # a 20 ms measured step
+    assert parts["the loop's collectives"] == pytest.approx(3e-4)
+    assert parts["unexplained"] == pytest.approx(0.020 - 0.01065) and sum(parts.values()) == pytest.approx(0.020)
 
 
 def test_breakdown_leaves_what_the_model_lacks_unexplained():
@@ -85,3 +102,5 @@ def test_reason_names_the_larger_measured_cost_or_how_little_they_cover():
     assert len(lost) <= 116
     over = ddpmodel.reason(wait_s=4e-4, in_step_s=2e-3, alone_s=1.9e-3, latency=1e-4, unexplained_s=-5e-4)
     assert over == "nothing to locate: the modelled step is 0.50 ms longer than the measured one"  # no wait named
+    none_left = ddpmodel.reason(wait_s=4e-4, in_step_s=2e-3, alone_s=1.9e-3, latency=1e-4, unexplained_s=0.0)
+    assert none_left == "nothing left inside the step to locate"  # not "-0.00 ms longer"

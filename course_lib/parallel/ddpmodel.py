@@ -2,10 +2,11 @@
 process's step (the per-rank batch, the per-rank threads), sharing the cores (a plain step beside the other ranks
 against alone), and a ring all-reduce of the gradients' buckets: 2(N-1)/N of the bytes per process at the measured gloo
 bandwidth plus one measured latency per call (per DDP bucket), each call timed as a step meets it (right after a
-backward) and averaged, and the wait for the slower rank (the expected slowest of N plain steps run side by side). The
-predicted scaling efficiency is one process's step over the modelled one; what the measured step adds beyond it is left
-unexplained, and a hand-written loop in the same workers names where it goes (waiting for the other rank, or a slower
-all-reduce inside the step)."""
+backward) and averaged, the training loop's own collectives (counted apart: Lightning's loop broadcasts a flag from rank
+0 every step), each at its kind's measured latency, and the wait for the slower rank (the expected slowest of N plain
+steps run side by side). The predicted scaling efficiency is one process's step over the modelled one; what the measured
+step adds beyond it is left unexplained, and a hand-written loop in the same workers names where it goes (waiting for
+the other rank, or a slower all-reduce inside the step)."""
 from __future__ import annotations
 
 import os
@@ -23,14 +24,21 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from .parallel import Job, toy_data, toy_model, train_steps
 
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket cap (bucket_cap_mb=25): one all-reduce call per bucket
+BROADCAST_BYTES = 8  # one int64, as the flag Lightning's loop broadcasts from rank 0 at every step
 SIZES = (4, 2**24)  # all-reduce sizes in bytes: one is all latency, 16 MiB mostly bytes (a lesson adds its own)
 REPEATS = 7  # rounds of each loop
 CALLS = 42  # timed all-reduces per size, spread over the rounds: slow calls come in spells (a step pays the mean)
 
 
-def _allreduce_times(net, xs, ys, sizes: tuple[int, ...], calls: int, out: dict) -> dict:
-    """`out` (bytes -> [s]) with `calls` more all-reduces of each size, timed as a step meets them: right after this
-    rank's backward, the ranks entering together (a barrier); two untimed calls first set up gloo's buffers (once)."""
+def _broadcast(tensor: torch.Tensor) -> None:
+    """Rank 0's `tensor` to every rank."""
+    dist.broadcast(tensor, src=0)
+
+
+def _allreduce_times(net, xs, ys, sizes: tuple[int, ...], calls: int, out: dict, collective=dist.all_reduce) -> dict:
+    """`out` (bytes -> [s]) with `calls` more `collective`s (all-reduces unless given) of each size, timed as a step
+    meets them: right after this rank's backward, the ranks entering together (a barrier); two untimed calls first set
+    up gloo's buffers (once)."""
     for nbytes in sizes:
         buf, took, warm = torch.zeros(max(1, nbytes // 4)), [], 0 if nbytes in out else 2
         for i in range(calls + warm):
@@ -38,7 +46,7 @@ def _allreduce_times(net, xs, ys, sizes: tuple[int, ...], calls: int, out: dict)
             torch.nn.functional.cross_entropy(net(xs[i % len(xs)]), ys[i % len(ys)]).backward()
             dist.barrier()  # every rank enters together: the time is the exchange, not a wait for a peer
             start = time.perf_counter()  # a host clock: gloo runs on the CPU, nothing to synchronize
-            dist.all_reduce(buf)
+            collective(buf)
             took.append(time.perf_counter() - start)
         out[nbytes] = out.get(nbytes, []) + took[warm:]
     return out
@@ -83,13 +91,15 @@ def _cost_worker(rank: int, job: Job, sizes: tuple[int, ...], repeats: int, call
     try:
         found = {"alone_s": [], "beside_s": [], "ddp_s": [], "wait_s": [], "in_step_s": [], "hand_s": []}
         xs, ys = toy_data(job.steps, job.batch, job.model, job.seed)  # a whole batch per process, as DDP's rows
-        found["allreduce_calls"], net = {}, toy_model(job.model, job.seed)
+        found["allreduce_calls"], found["broadcast_calls"], net = {}, {}, toy_model(job.model, job.seed)
         mine = []  # this rank's plain steps beside the others, one by one
         train_steps(DDP(toy_model(job.model, job.seed)), xs[:2], ys[:2])  # untimed warm-up: allocations, buckets
         for mode in ("allreduce", "alone", "beside", "ddp", "hand") * repeats:  # alone: rank 0 only; the rest: all
             dist.barrier()
             if mode == "allreduce":  # a share of the calls each round: a spell of slow calls weighs as long as it lasts
                 _allreduce_times(net, xs, ys, sizes, -(-calls // repeats), found["allreduce_calls"])
+                _allreduce_times(net, xs, ys, (BROADCAST_BYTES,), -(-calls // repeats), found["broadcast_calls"],
+                                 _broadcast)
             elif mode == "hand":
                 _hand_steps(toy_model(job.model, job.seed), xs, ys, found)
             elif mode == "beside":
@@ -101,6 +111,7 @@ def _cost_worker(rank: int, job: Job, sizes: tuple[int, ...], repeats: int, call
                 train_steps(net, xs, ys)  # ddp: backward all-reduces in buckets, each step waits for the slower rank
                 found[f"{mode}_s"].append((time.perf_counter() - start) / job.steps)
         found["allreduce_s"] = {b: statistics.fmean(t) for b, t in found["allreduce_calls"].items()}
+        found["broadcast_calls"] = found["broadcast_calls"][BROADCAST_BYTES]
         found["beside_steps"] = [None] * job.world
         dist.all_gather_object(found["beside_steps"], mine)  # every rank's steps, for the wait for the slowest
         if rank == 0:
@@ -112,13 +123,15 @@ def _cost_worker(rank: int, job: Job, sizes: tuple[int, ...], repeats: int, call
 
 @dataclass(frozen=True)
 class Costs:
-    """What measure() timed: every all-reduce's seconds per size in bytes, and their mean; rank 0's seconds per step
+    """What measure() timed: every all-reduce's seconds per size in bytes, and their mean; every broadcast's seconds
+    (BROADCAST_BYTES from rank 0); rank 0's seconds per step
     alone, beside the other ranks and in DDP, one per round; and per round, the hand-written loop's mean wait for the
     other rank and its all-reduce inside the step, seconds per step; every rank's plain steps beside the others, one by
     one."""
 
     allreduce_s: dict  # bytes -> mean seconds
     allreduce_calls: dict  # bytes -> seconds of each call
+    broadcast_calls: list  # seconds of each broadcast of BROADCAST_BYTES
     alone_s: list
     beside_s: list
     ddp_s: list
@@ -127,11 +140,17 @@ class Costs:
     beside_steps: list  # per rank: seconds of each step
     hand_s: list  # the hand-written loop's seconds per step, one per round
 
+    @property
+    def broadcast_s(self) -> float:
+        """The broadcasts' mean seconds (a step pays the mean, slow spells included)."""
+        return statistics.fmean(self.broadcast_calls)
+
 
 def measure(world: int = 2, sizes: tuple[int, ...] = SIZES, repeats: int = REPEATS, model: str = "lenet",
             batch: int = 64, steps: int = 40, calls: int = CALLS) -> Costs:
-    """In `world` spawned gloo workers: `calls` all-reduces of each size in bytes (a share in every round), each after a
-    backward of `model` ("allreduce_calls": bytes -> [s], "allreduce_s": their mean), every rank's plain steps beside
+    """In `world` spawned gloo workers: `calls` all-reduces of each size in bytes and `calls` broadcasts of
+    BROADCAST_BYTES (a share in every round), each after a backward of `model` ("allreduce_calls": bytes -> [s],
+    "allreduce_s": their mean, "broadcast_calls": [s]), every rank's plain steps beside
     the others ("beside_steps"), and rank 0's seconds per training step of `model`: alone and with every rank stepping
     beside it, no communication ("alone_s", "beside_s"), every rank stepping in DDP ("ddp_s"), and a hand-written loop's
     wait for the other rank and all-reduce per step ("wait_s", "in_step_s"); one figure per round, the loops
@@ -185,9 +204,18 @@ def buckets(tensor_bytes: list[float], cap: float = BUCKET_BYTES) -> list[float]
     return out + [size] if size else out
 
 
+def loop_seconds(counts: dict, bucket_calls: int, latency: dict, default: float) -> float:
+    """Seconds a step spends in collectives beyond DDP's `bucket_calls` all-reduces, the training loop's own: every
+    call of `counts` (kind -> calls per step, as scaling.count_collectives gives them) past those all-reduces, each at
+    its kind's measured `latency` (kind -> s), or `default` (the all-reduce's) for a kind not measured."""
+    extra = {kind: n - (bucket_calls if kind == "all_reduce" else 0) for kind, n in counts.items()}
+    return sum(max(0.0, n) * latency.get(kind, default) for kind, n in extra.items())
+
+
 @dataclass(frozen=True)
 class Prediction:
-    """The modelled DDP step: seconds per part (compute, sharing the cores, all-reduce latency and bytes), their sum,
+    """The modelled DDP step: seconds per part (compute, sharing the cores, all-reduce latency and bytes, the loop's
+    collectives, the slower rank), their sum,
     the efficiency it predicts (one process's step over the sum), and how many buckets (all-reduce calls) it has."""
 
     parts: dict
@@ -197,30 +225,32 @@ class Prediction:
 
 
 def predict(step_s: float, tensor_bytes: list[float], world: int, *, latency: float, bandwidth: float,
-            beside_ratio: float = 1.0, wait: float = 0.0, cap: float = BUCKET_BYTES) -> Prediction:
+            beside_ratio: float = 1.0, wait: float = 0.0, loop_s: float = 0.0, cap: float = BUCKET_BYTES) -> Prediction:
     """One process's step `step_s` (per-rank batch and threads) on `world` processes: slowed by `beside_ratio` (the
     plain step beside the others over alone), plus one `latency` per DDP bucket of the parameter tensors `tensor_bytes`,
-    the ring's bytes at `bandwidth` and `wait` for the slower rank (slower_rank). No overlap with backward is credited:
+    the ring's bytes at `bandwidth`, `loop_s` of the training loop's own collectives (loop_seconds) and `wait` for the
+    slower rank (slower_rank). No overlap with backward is credited:
     the last bucket (the first layers' gradients) is ready only when backward ends, and earlier ones are charged in full
     (an upper bound on the all-reduce's part; with one bucket, exact). No term is read from a DDP step."""
     calls = buckets(tensor_bytes, cap)
     parts = {"compute": step_s, "sharing the cores": step_s * (beside_ratio - 1),
              "all-reduce latency": latency * len(calls),
-             "all-reduce bytes": ring_bytes(sum(tensor_bytes), world) / bandwidth, "the slower rank": wait}
+             "all-reduce bytes": ring_bytes(sum(tensor_bytes), world) / bandwidth, "the loop's collectives": loop_s,
+             "the slower rank": wait}
     step = sum(parts.values())
     return Prediction(parts, step, step_s / step, len(calls))
 
 
 def breakdown(model: Prediction, measured_efficiency: float) -> dict:
     """Seconds per part of the measured DDP step (one process's step over the measured efficiency): compute (with
-    sharing), the modelled all-reduce, the wait for the slower rank, and what none explains (negative where the model
-    is slower)."""
+    sharing), the modelled all-reduce, the loop's collectives, the wait for the slower rank, and what none explains
+    (negative where the model is slower)."""
     measured = model.parts["compute"] / measured_efficiency
     compute = model.parts["compute"] + model.parts["sharing the cores"]
     allreduce = model.parts["all-reduce latency"] + model.parts["all-reduce bytes"]
-    wait = model.parts.get("the slower rank", 0.0)
-    return {"compute": compute, "all-reduce": allreduce, "the slower rank": wait,
-            "unexplained": measured - compute - allreduce - wait}
+    wait, loop = model.parts.get("the slower rank", 0.0), model.parts.get("the loop's collectives", 0.0)
+    return {"compute": compute, "all-reduce": allreduce, "the loop's collectives": loop, "the slower rank": wait,
+            "unexplained": measured - compute - allreduce - loop - wait}
 
 
 def reason(wait_s: float, in_step_s: float, alone_s: float, latency: float, unexplained_s: float) -> str:
@@ -228,6 +258,8 @@ def reason(wait_s: float, in_step_s: float, alone_s: float, latency: float, unex
     (its barrier beyond one call's latency) and the all-reduce's time inside a step beyond alone; the larger is named
     where the two cover half of it or more, else how little they cover."""
     wait, slower = max(0.0, wait_s - latency), max(0.0, in_step_s - alone_s)
+    if abs(unexplained_s) < 1e-5:  # under 0.01 ms: nothing left to locate
+        return "nothing left inside the step to locate"
     if unexplained_s <= 0:  # nothing left to locate: the model's step is the longer one
         return f"nothing to locate: the modelled step is {1e3 * -unexplained_s:.2f} ms longer than the measured one"
     if wait + slower < unexplained_s / 2:  # a part under 0.01 ms says nothing: left out
