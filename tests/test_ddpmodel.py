@@ -64,7 +64,7 @@ def test_the_wait_for_the_slower_rank_is_the_expected_slowest_step_less_the_mean
 
 
 def test_the_loops_own_collectives_are_the_calls_past_ddps_buckets_at_their_kinds_latency():
-    """Lightning's loop broadcasts a flag every step besides DDP's one bucket all-reduce: the broadcast is charged at the
+    """Lightning's loop broadcasts a flag each step besides DDP's one bucket all-reduce: the broadcast is charged at the
     broadcast's latency, DDP's all-reduce not again; an all-reduce past the buckets, or an unmeasured kind, at the
     all-reduce's latency."""
     counts = {"all_reduce": 1.0, "broadcast": 1.0}  # LeNet in Lightning's DDP: one bucket, the loop's flag

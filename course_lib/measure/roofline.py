@@ -127,7 +127,7 @@ def explain(name: str, counts: Counts, ceil: ceilings.Ceilings, measured: list[f
     return "\n".join([
         f"{name}: {verdict.number(counts.flops / 1e9)} GFLOP, {verdict.number(counts.bytes / 2**20)} MiB moved, "
         f"{ops(counts.n_ops)}, {verdict.number(counts.intensity)} FLOP/byte",
-        f"  bound by its ops' floors (each op timed alone at its shapes): {m.floor:.0%} of the predicted time"
+        f"  bound by its ops' floors (each op timed alone at its shapes): {100 * m.floor:.0f} % of the predicted time"
         if m.floor > 0.5 else f"  {m.kind}-bound against {ceil.hardware}'s {fmt} ceilings", *emulated,
         f"  predicted time by bound: {shares}",
         f"  the model predicts {timing.duration(m.predicted)}, measured {timing.duration(med)} (median; {spread}): "
@@ -194,9 +194,9 @@ def layers(net: torch.nn.Module, x: torch.Tensor, ceil: ceilings.Ceilings, fmt: 
 def layer_lines(rows: list[Layer]) -> list[str]:
     """The per-layer table as printed lines, six columns: each layer's measured time with its share of the total."""
     total = sum(r.measured for r in rows)
-    out = [f"{'layer (type)':<34}{'MFLOP':>9}{'MiB':>8}{'bound':>10}{'pred. ms':>10}{'measured ms':>18}"]
+    out = [f"{'layer (type)':<34}{'MFLOP':>9}{'MiB':>8}{'bound':>10}{'pred. ms':>10}{'measured ms':>19}"]
     out += [f"{(r.layer + ' (' + r.type + ')')[:33]:<34}{r.flops / 1e6:>9.1f}{r.bytes / 2**20:>8.2f}"
-            f"{r.kind:>10}{r.predicted * 1e3:>10.3f}{r.measured * 1e3:>11.3f} ({r.measured / total:>3.0%})"
+            f"{r.kind:>10}{r.predicted * 1e3:>10.3f}{r.measured * 1e3:>11.3f} ({100 * r.measured / total:>3.0f} %)"
             for r in rows]
     return out
 
