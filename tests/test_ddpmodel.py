@@ -36,7 +36,7 @@ def test_buckets_close_at_the_cap_in_backwards_order_and_never_split_a_tensor():
 
 def test_prediction_uses_only_independent_parts():
     """Compute, sharing, one latency per bucket and the ring's bytes; nothing read from a DDP step."""
-    m = ddpmodel.predict(0.010, [100_000, 150_000], 2, latency=1e-4, bandwidth=1e9, beside_ratio=1.3)
+    m = ddpmodel.predict(0.010, [100_000, 150_000], 2, latency=1e-4, bandwidth=1e9, sharing=1.3)
     assert m.parts["sharing the cores"] == pytest.approx(0.003)
     assert m.parts["all-reduce latency"] == pytest.approx(1e-4) and m.buckets == 1  # 250 kB: one bucket
     assert m.parts["all-reduce bytes"] == pytest.approx(250_000 / 1e9)  # 2(N-1)/N = 1 of the bytes on 2

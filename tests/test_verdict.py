@@ -147,6 +147,9 @@ def test_times_rates_and_counts_read_in_human_units():
     assert [timing.duration(s) for s in (1.14e-08, 4.27e-4, 0.0306, 8.03)] == ["11.4 ns", "427 µs", "30.6 ms", "8.03 s"]
     assert timing.flop_rate(7.02e10) == "70.2 GFLOP/s" and timing.flop_rate(1.35e12) == "1.35 TFLOP/s"
     assert "e" not in timing.duration(1.14e-14) and roofline.ops(1) == "1 op" and roofline.ops(50) == "50 ops"
+    # a range names a shared unit once, keeps two units apart, and is one figure where both ends print alike
+    assert [timing.span(*pair) for pair in (("6.32 ms", "7.10 ms"), ("980 µs", "1.20 ms"), ("0.12", "3.45"),
+                                             ("1.2", "1.2"))] == ["6.32–7.10 ms", "980 µs–1.20 ms", "0.12–3.45", "1.2"]
     row = {"name": "a", "images_per_s": 1000.0, "data_wait": 0.156}
     assert "| a | 1,000 | 16 % |" in bench.table([row], ["name", "images_per_s", "data_wait"])
 

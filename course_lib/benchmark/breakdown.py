@@ -62,17 +62,27 @@ class Breakdown:
                         doc="Share of the profiled step inside events the profiler recorded (ops, named overhead).")
 
 
+def _chain(event) -> list[str]:
+    """The names of `event` and of every event around it, innermost first; [] for None."""
+    chain = []
+    while event is not None:
+        chain.append(event.name)
+        event = event.cpu_parent
+    return chain
+
+
+def _outer_op(chain: list[str], counted: set[str]) -> str | None:
+    """The outermost op of `chain` that the model counts (its name without "aten::"), or None."""
+    ops = [n[6:] for n in chain if n.startswith("aten::") and n[6:] in counted]
+    return ops[-1] if ops else None
+
+
 def _category(event, counted: set[str]) -> str:
     """The row an event's own time goes to: the outermost op the model counts around it (or itself), else the
     innermost named overhead around it."""
-    chain, e = [], event
-    while e is not None:
-        chain.append(e.name)
-        e = e.cpu_parent
-    ops = [n for n in chain if n.startswith("aten::") and n[6:] in counted]
-    if ops:
-        return ops[-1][6:]  # outermost: what ran inside an op is that op's time
-    return next((row for name in chain for row, prefix in OVERHEAD if name.startswith(prefix)), PYTHON)
+    chain = _chain(event)
+    return _outer_op(chain, counted) or next(  # outermost: what ran inside an op is that op's time
+        (row for name in chain for row, prefix in OVERHEAD if name.startswith(prefix)), PYTHON)
 
 
 def measure(step: Callable[[], object], ceil: ceilings.Ceilings, *, fmt: str = "fp32", rate: float | None = None,
@@ -131,10 +141,7 @@ def seen_in_step(counts: roofline.Counts, events, steps: int) -> roofline.Counts
     counted, seen = {o.name for o in counts.ops}, defaultdict(list)  # name -> each outermost call's seconds, in order
     for e in sorted(events, key=lambda e: e.time_range.start):
         name = e.name[6:] if e.name.startswith("aten::") else ""
-        parent = e.cpu_parent
-        while parent is not None and not (parent.name.startswith("aten::") and parent.name[6:] in counted):
-            parent = parent.cpu_parent
-        if name in floored and parent is None:  # an outermost counted op: what ran inside it is its time
+        if name in floored and _outer_op(_chain(e.cpu_parent), counted) is None:  # outermost: its inside is its time
             seen[name].append(e.cpu_time_total / 1e6)
     ops = list(counts.ops)  # the caller's counts themselves come back where no floor moved
     for name in floored:
@@ -174,8 +181,8 @@ def reconcile(bd: Breakdown) -> str:
     step outside it, the profiler's own overhead, the shares recorded in the ops the model counts, in named overhead
     and between recorded events, and the model's prediction."""
     named = sum(r["measured"] for r in bd.ops.values()) / bd.profiled
-    spread = (f"{_span(min(bd.measured), max(bd.measured))}, {len(bd.measured)} runs"
-              if len(bd.measured) > 1 else "one run")
+    lo, hi = (timing.duration(f(bd.measured)) for f in (min, max))
+    spread = f"{timing.span(lo, hi)}, {len(bd.measured)} runs" if len(bd.measured) > 1 else "one run"
     own = ("the same: no profiler overhead measured" if timing.duration(bd.profiled) == timing.duration(bd.step)
            else f"so the profiler's own overhead is {timing.duration(bd.overhead_s)} "
            f"({100 * bd.overhead_s / bd.step:.0f} %)"
@@ -208,12 +215,6 @@ def sentence(bd: Breakdown) -> str:
     eff = f", at {100 * r['bound'] / r['measured']:.0f} % of its bound" if r["calls"] and r["measured"] else ""
     fits = [line for line in (f"{head}{eff}: {why}", f"{head}: {why}") if len(line) <= SENTENCE_CHARS]
     return fits[0] if fits else f"{head}{eff}:\n  {why}"
-
-
-def _span(lo: float, hi: float) -> str:
-    """Two durations as a range, the unit once where they share it: '6.32–7.10 ms', '980 µs–1.20 ms'."""
-    (a, unit), b = timing.duration(lo).split(), timing.duration(hi)
-    return f"{a}–{b}" if b.endswith(f" {unit}") else f"{a} {unit}–{b}"
 
 
 def _rate(bytes_per_s: float) -> str:

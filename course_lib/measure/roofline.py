@@ -201,11 +201,6 @@ def layer_lines(rows: list[Layer]) -> list[str]:
     return out
 
 
-def _span(lo: str, hi: str) -> str:
-    """'lo–hi', or one figure where both ends print alike."""
-    return lo if lo == hi else f"{lo}–{hi}"
-
-
 OVER = 3.0  # a layer type measured at this many times its bound or more gets a line on how its time scales
 
 
@@ -222,9 +217,9 @@ def over_bound(rows: list[Layer], factor: float = OVER) -> list[str]:
         ratios = sorted(r.measured / r.predicted for r in mine)
         times = sorted(r.measured for r in mine)
         out.append(f"{kind}: {len(mine)} layer{'s' * (len(mine) > 1)} at "
-                   f"{_span(verdict.number(ratios[0]), verdict.number(ratios[-1]))}x their bound, "
-                   f"{_span(timing.duration(times[0]), timing.duration(times[-1]))} for "
-                   f"{_span(f'{small.bytes / 2**20:.2f}', f'{big.bytes / 2**20:.2f}')} MiB")
+                   f"{timing.span(verdict.number(ratios[0]), verdict.number(ratios[-1]))}x their bound, "
+                   f"{timing.span(timing.duration(times[0]), timing.duration(times[-1]))} for "
+                   f"{timing.span(f'{small.bytes / 2**20:.2f}', f'{big.bytes / 2**20:.2f}')} MiB")
         grown, more = big.measured / small.measured, big.bytes / max(small.bytes, 1)
         if more > 1 and grown < more ** 0.5:
             out.append(f"  {verdict.number(grown)}x the time for {verdict.number(more)}x the bytes: a fixed cost of up "

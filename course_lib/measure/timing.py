@@ -51,6 +51,15 @@ def flop_rate(flop_per_s: float) -> str:
     raise AssertionError("unreachable")
 
 
+def span(lo: str, hi: str) -> str:
+    """Two printed figures as a range, a shared unit once: ('6.32 ms', '7.10 ms') -> '6.32–7.10 ms', ('980 µs',
+    '1.20 ms') -> '980 µs–1.20 ms', ('0.12', '3.45') -> '0.12–3.45'; one figure where both print alike."""
+    if lo == hi:
+        return lo
+    figure, _, unit = lo.partition(" ")
+    return f"{figure}–{hi}" if unit and hi.endswith(f" {unit}") else f"{lo}–{hi}"
+
+
 def sync(device: torch.device | str) -> None:
     """Wait for queued GPU work, so a host clock read next measures the work and not just its launch."""
     if torch.device(device).type == "cuda":

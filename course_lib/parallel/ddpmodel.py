@@ -1,12 +1,12 @@
 """Lesson 06's model of a data-parallel step, built only from what is measured apart from the DDP step it predicts: one
-process's step (the per-rank batch, the per-rank threads), sharing the cores (a plain step beside the other ranks
-against alone), and a ring all-reduce of the gradients' buckets: 2(N-1)/N of the bytes per process at the measured gloo
-bandwidth plus one measured latency per call (per DDP bucket), each call timed as a step meets it (right after a
-backward) and averaged, the training loop's own collectives (counted apart: Lightning's loop broadcasts a flag from rank
-0 every step), each at its kind's measured latency, and the wait for the slower rank (the expected slowest of N plain
-steps run side by side). The predicted scaling efficiency is one process's step over the modelled one; what the measured
-step adds beyond it is left unexplained, and a hand-written loop in the same workers names where it goes (waiting for
-the other rank, or a slower all-reduce inside the step)."""
+process's step (the per-rank batch, the per-rank threads), sharing the cores (a plain step beside the other ranks, each
+step started together as in DDP, against alone), and a ring all-reduce of the gradients' buckets: 2(N-1)/N of the bytes
+per process at the measured gloo bandwidth plus one measured latency per call (per DDP bucket), each call timed as a
+step meets it (right after a backward) and averaged, the training loop's own collectives (counted apart: Lightning's
+loop broadcasts a flag from rank 0 every step), each at its kind's measured latency, and the wait for the slower rank
+(the expected slowest of N plain steps in lockstep). The predicted scaling efficiency is one process's step over the
+modelled one; what the measured step adds beyond it is left unexplained, and a hand-written loop in the same workers
+names where it goes (waiting for the other rank, or a slower all-reduce inside the step)."""
 from __future__ import annotations
 
 import os
@@ -52,10 +52,12 @@ def _allreduce_times(net, xs, ys, sizes: tuple[int, ...], calls: int, out: dict,
     return out
 
 
-def _timed_steps(net, xs, ys) -> list[float]:
-    """train_steps with each step's seconds: the plain loop's own step-to-step spread."""
+def _lockstep_steps(net, xs, ys) -> list[float]:
+    """train_steps with each step's seconds, every rank starting each step together (a barrier, untimed): the ranks
+    compute at the same moments, as in DDP, and exchange nothing; the plain loop's own step-to-step spread."""
     opt, took = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9), []
     for x, y in zip(xs, ys):
+        dist.barrier()
         start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         torch.nn.functional.cross_entropy(net(x), y).backward()
@@ -89,12 +91,12 @@ def _hand_steps(net, xs, ys, found: dict) -> None:
 def _cost_worker(rank: int, job: Job, sizes: tuple[int, ...], repeats: int, calls: int) -> None:
     job.join(rank, max(1, (os.cpu_count() or 1) // job.world))
     try:
-        found = {"alone_s": [], "beside_s": [], "ddp_s": [], "wait_s": [], "in_step_s": [], "hand_s": []}
+        found = {"alone_s": [], "lockstep_s": [], "ddp_s": [], "wait_s": [], "in_step_s": [], "hand_s": []}
         xs, ys = toy_data(job.steps, job.batch, job.model, job.seed)  # a whole batch per process, as DDP's rows
         found["allreduce_calls"], found["broadcast_calls"], net = {}, {}, toy_model(job.model, job.seed)
-        mine = []  # this rank's plain steps beside the others, one by one
+        mine = []  # this rank's plain steps in lockstep with the others, one by one
         train_steps(DDP(toy_model(job.model, job.seed)), xs[:2], ys[:2])  # untimed warm-up: allocations, buckets
-        for mode in ("allreduce", "alone", "beside", "ddp", "hand") * repeats:  # alone: rank 0 only; the rest: all
+        for mode in ("allreduce", "alone", "lockstep", "ddp", "hand") * repeats:  # alone: rank 0 only; the rest: all
             dist.barrier()
             if mode == "allreduce":  # a share of the calls each round: a spell of slow calls weighs as long as it lasts
                 _allreduce_times(net, xs, ys, sizes, -(-calls // repeats), found["allreduce_calls"])
@@ -102,9 +104,9 @@ def _cost_worker(rank: int, job: Job, sizes: tuple[int, ...], repeats: int, call
                                  _broadcast)
             elif mode == "hand":
                 _hand_steps(toy_model(job.model, job.seed), xs, ys, found)
-            elif mode == "beside":
-                mine += _timed_steps(toy_model(job.model, job.seed), xs, ys)
-                found["beside_s"].append(statistics.fmean(mine[-job.steps:]))
+            elif mode == "lockstep":
+                mine += _lockstep_steps(toy_model(job.model, job.seed), xs, ys)
+                found["lockstep_s"].append(statistics.fmean(mine[-job.steps:]))
             elif rank == 0 or mode != "alone":
                 net = toy_model(job.model, job.seed)
                 net, start = DDP(net) if mode == "ddp" else net, time.perf_counter()
@@ -112,8 +114,8 @@ def _cost_worker(rank: int, job: Job, sizes: tuple[int, ...], repeats: int, call
                 found[f"{mode}_s"].append((time.perf_counter() - start) / job.steps)
         found["allreduce_s"] = {b: statistics.fmean(t) for b, t in found["allreduce_calls"].items()}
         found["broadcast_calls"] = found["broadcast_calls"][BROADCAST_BYTES]
-        found["beside_steps"] = [None] * job.world
-        dist.all_gather_object(found["beside_steps"], mine)  # every rank's steps, for the wait for the slowest
+        found["lockstep_steps"] = [None] * job.world
+        dist.all_gather_object(found["lockstep_steps"], mine)  # every rank's steps, for the wait for the slowest
         if rank == 0:
             torch.save(found, job.out)
         job.leave()
@@ -124,20 +126,19 @@ def _cost_worker(rank: int, job: Job, sizes: tuple[int, ...], repeats: int, call
 @dataclass(frozen=True)
 class Costs:
     """What measure() timed: every all-reduce's seconds per size in bytes, and their mean; every broadcast's seconds
-    (BROADCAST_BYTES from rank 0); rank 0's seconds per step
-    alone, beside the other ranks and in DDP, one per round; and per round, the hand-written loop's mean wait for the
-    other rank and its all-reduce inside the step, seconds per step; every rank's plain steps beside the others, one by
-    one."""
+    (BROADCAST_BYTES from rank 0); rank 0's seconds per step alone, in lockstep with the other ranks (each step
+    started together, no exchange) and in DDP, one per round; and per round, the hand-written loop's mean wait for the
+    other rank and its all-reduce inside the step, seconds per step; every rank's lockstep steps, one by one."""
 
     allreduce_s: dict  # bytes -> mean seconds
     allreduce_calls: dict  # bytes -> seconds of each call
     broadcast_calls: list  # seconds of each broadcast of BROADCAST_BYTES
     alone_s: list
-    beside_s: list
+    lockstep_s: list
     ddp_s: list
     wait_s: list
     in_step_s: list
-    beside_steps: list  # per rank: seconds of each step
+    lockstep_steps: list  # per rank: seconds of each step in lockstep
     hand_s: list  # the hand-written loop's seconds per step, one per round
 
     @property
@@ -150,9 +151,10 @@ def measure(world: int = 2, sizes: tuple[int, ...] = SIZES, repeats: int = REPEA
             batch: int = 64, steps: int = 40, calls: int = CALLS) -> Costs:
     """In `world` spawned gloo workers: `calls` all-reduces of each size in bytes and `calls` broadcasts of
     BROADCAST_BYTES (a share in every round), each after a backward of `model` ("allreduce_calls": bytes -> [s],
-    "allreduce_s": their mean, "broadcast_calls": [s]), every rank's plain steps beside
-    the others ("beside_steps"), and rank 0's seconds per training step of `model`: alone and with every rank stepping
-    beside it, no communication ("alone_s", "beside_s"), every rank stepping in DDP ("ddp_s"), and a hand-written loop's
+    "allreduce_s": their mean, "broadcast_calls": [s]), every rank's plain steps in
+    lockstep ("lockstep_steps"), and rank 0's seconds per training step of `model`: alone and with every rank starting
+    each step with it, no communication ("alone_s", "lockstep_s"), every rank stepping in DDP ("ddp_s"), and a
+    hand-written loop's
     wait for the other rank and all-reduce per step ("wait_s", "in_step_s"); one figure per round, the loops
     alternating."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -184,7 +186,7 @@ def ring_bytes(grad_bytes: float, world: int) -> float:
 
 def slower_rank(step_s: list[float], world: int) -> float:
     """Seconds a step in lockstep waits for the slowest of `world` ranks: the expected largest of `world` steps drawn
-    from `step_s` (plain steps run side by side, every rank's) less their mean. Each step of a synchronous loop ends
+    from `step_s` (plain steps in lockstep, every rank's) less their mean. Each step of a synchronous loop ends
     at the slowest rank's; a rank whose step came out faster waits."""
     xs, n = sorted(step_s), len(step_s)
     if n == 0:
@@ -225,15 +227,15 @@ class Prediction:
 
 
 def predict(step_s: float, tensor_bytes: list[float], world: int, *, latency: float, bandwidth: float,
-            beside_ratio: float = 1.0, wait: float = 0.0, loop_s: float = 0.0, cap: float = BUCKET_BYTES) -> Prediction:
-    """One process's step `step_s` (per-rank batch and threads) on `world` processes: slowed by `beside_ratio` (the
-    plain step beside the others over alone), plus one `latency` per DDP bucket of the parameter tensors `tensor_bytes`,
-    the ring's bytes at `bandwidth`, `loop_s` of the training loop's own collectives (loop_seconds) and `wait` for the
-    slower rank (slower_rank). No overlap with backward is credited:
-    the last bucket (the first layers' gradients) is ready only when backward ends, and earlier ones are charged in full
-    (an upper bound on the all-reduce's part; with one bucket, exact). No term is read from a DDP step."""
+            sharing: float = 1.0, wait: float = 0.0, loop_s: float = 0.0, cap: float = BUCKET_BYTES) -> Prediction:
+    """One process's step `step_s` (per-rank batch and threads) on `world` processes: slowed by `sharing` (the plain
+    step in lockstep with the others over alone), plus one `latency` per DDP bucket of the parameter tensors
+    `tensor_bytes`, the ring's bytes at `bandwidth`, `loop_s` of the training loop's own collectives (loop_seconds) and
+    `wait` for the slower rank (slower_rank). No overlap with backward is credited: the last bucket (the first layers'
+    gradients) is ready only when backward ends, and earlier ones are charged in full (an upper bound on the
+    all-reduce's part; with one bucket, exact). No term is read from a DDP step."""
     calls = buckets(tensor_bytes, cap)
-    parts = {"compute": step_s, "sharing the cores": step_s * (beside_ratio - 1),
+    parts = {"compute": step_s, "sharing the cores": step_s * (sharing - 1),
              "all-reduce latency": latency * len(calls),
              "all-reduce bytes": ring_bytes(sum(tensor_bytes), world) / bandwidth, "the loop's collectives": loop_s,
              "the slower rank": wait}
