@@ -134,3 +134,13 @@ def test_with_unit_puts_a_factors_x_on_its_number():
     assert results.with_unit("12.6", "s") == "12.6 s"
     assert results.with_unit("3", "xyz") == "3 xyz"  # a unit that merely starts with x is not a factor
     assert results.with_unit("8", "") == "8"
+
+
+def test_a_cpus_label_leaves_out_trademarks_clocks_and_filler_words():
+    """Every figure's hardware line names the CPU short enough to fit a 120-character line: 'Intel(R) Xeon(R)
+    Processor' prints as 'Intel Xeon'; a name with nothing to drop is kept whole."""
+    assert hardware.cpu_name("Intel(R) Xeon(R) Processor") == "Intel Xeon"
+    assert hardware.cpu_name(" Intel(R) Xeon(R) CPU @ 2.20GHz\n") == "Intel Xeon"
+    assert hardware.cpu_name("AMD EPYC 7B13 64-Core Processor") == "AMD EPYC 7B13 64-Core"
+    assert hardware.cpu_name("Intel(R) Xeon(R) Platinum 8480+") == "Intel Xeon Platinum 8480+"
+    assert hardware.cpu_name("AMD EPYC") == "AMD EPYC" and hardware.cpu_name("CPU") == "CPU"

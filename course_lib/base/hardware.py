@@ -144,12 +144,20 @@ def _gpu_info_here() -> dict:
             "bf16_native": torch.cuda.is_bf16_supported(including_emulation=False), "cuda": torch.version.cuda}
 
 
+def cpu_name(model: str) -> str:
+    """A CPU model name as a label shows it: trademarks, 'CPU', 'Processor' and the clock left out ('Intel(R) Xeon(R)
+    CPU @ 2.20GHz' -> 'Intel Xeon'), so every figure's hardware line stays short; the name itself where nothing is
+    left."""
+    short = re.sub(r"\((?:R|TM|tm)\)|\bCPU\b|\bProcessor\b|@\s*[\d.]+\s*GHz", " ", model)
+    return " ".join(short.split()) or model.strip()
+
+
 def _cpu_name() -> str:
-    """The CPU's model name from /proc/cpuinfo, or platform's guess elsewhere."""
+    """The CPU's model name from /proc/cpuinfo (cpu_name's short form), or platform's guess elsewhere."""
     try:
         for line in CPUINFO.read_text().splitlines():
             if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+                return cpu_name(line.split(":", 1)[1])
     except OSError:
         pass
     return platform.processor() or platform.machine()

@@ -3,6 +3,7 @@ one line saying why when damaged or stale, the file it supersedes removed."""
 from __future__ import annotations
 
 import hashlib
+import os
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,14 @@ from ..base.files import atomic_file
 
 CACHE_SAMPLE = 64  # files whose bytes go into the cache key, evenly spread (every file's size and mtime go in too)
 
+
+def shown(path: Path) -> str:
+    """`path` as a message prints it: relative to the working directory (a printed output names no machine's
+    absolute path), or whole where no relative form exists (another drive)."""
+    try:
+        return os.path.relpath(path)
+    except ValueError:
+        return str(path)
 
 def cache_key(split_dir: Path, files: list[Path]) -> tuple[str, str]:
     """(folder id, content key) of a split's cache: a hash of the folder's path, and a hash of the file list with
@@ -85,12 +94,13 @@ def cached_split(split_dir: Path, files: list[Path], cache_dir: Path, build: Cal
         data, problem = read_cache(cache)
         if data is not None:
             return data
-        print(f"Cache {cache} is {problem}: decoding {split_dir} again.", flush=True)
+        print(f"Cache {shown(cache)} is {problem}: decoding {shown(split_dir)} again.", flush=True)
     elif superseded:
-        print(f"Cache {superseded[0]} is stale (the images in {split_dir} changed since it was written): decoding "
+        print(f"Cache {shown(superseded[0])} is stale (the images in {shown(split_dir)} changed since it was written): "
+              f"decoding "
               f"them again and removing it.", flush=True)
     else:
-        print(f"Decoding {len(files)} images from {split_dir} once into {cache} ...", flush=True)
+        print(f"Decoding {len(files):,} images from {shown(split_dir)} once into {shown(cache)} ...", flush=True)
     data = build()
     try:
         with atomic_file(cache, "wb") as f:  # a crash never leaves a half-written cache

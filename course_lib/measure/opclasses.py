@@ -21,6 +21,9 @@ except ImportError:  # Windows: no counter, so no page faults are charged
 LLC_MULTIPLE = 4  # the DRAM copy moves this many times the last-level cache, so the cache cannot hold it
 COPY_BYTES = (64 * 2**20, 1024 * 2**20)  # floor and cap of the DRAM copy's buffer, whatever the cache reports
 CACHE_SHARE = 2  # the cache copy's working set (source + destination) is the last-level cache over this
+CACHE_PROBE_MAX = 16 * 2**20  # ... and at most this: a VM may report its host's whole cache (480 MiB seen), which
+#   the guest cannot hold; a smaller working set moves at least as fast, so the figure still bounds every working set
+#   up to the reported cache
 ELEMENTWISE = 2**24  # floats per operand of the elementwise probes (64 MiB each): DRAM-sized, as lesson 00's add
 TRANSCENDENTAL = 2**18  # floats tanh reads (1 MiB): cache-resident, so the function's arithmetic, not DRAM, binds
 TINY_ELEMENTS = 16  # the per-op loop's tensor: its data costs nothing next to the op's fixed cost
@@ -65,12 +68,14 @@ def _copy(name: str, floats: int, device: str, note: str, capacity: int = 0) -> 
 
 def memory(device: str) -> list[Probe]:
     """The bandwidth a working set gets: past the last-level cache (DRAM, the row named "memory") and, where the
-    cache size is known, one that fits in it (half the cache: the row "memory cache", for working sets up to it)."""
+    cache size is known, one that fits in it (half the cache, at most CACHE_PROBE_MAX: the row "memory cache", for
+    working sets up to the cache)."""
     llc = llc_bytes(device)
     probes = [_copy("memory", max(COPY_BYTES[0], min(COPY_BYTES[1], LLC_MULTIPLE * llc)) // 4, device, "")]
     if llc:
-        probes.append(_copy("memory cache", llc // CACHE_SHARE // 8, device,
-                            f"; working set {llc // CACHE_SHARE / 2**20:,.4g} MiB, inside the cache", llc))
+        held = min(llc // CACHE_SHARE, CACHE_PROBE_MAX)  # bytes: source + destination
+        probes.append(_copy("memory cache", held // 8, device,
+                            f"; working set {held / 2**20:,.4g} MiB, inside the reported cache", llc))
     return probes
 
 

@@ -271,6 +271,6 @@ def reason(wait_s: float, in_step_s: float, alone_s: float, latency: float, unex
                 f"cover{'s' * (len(found) == 1)} {1e3 * (wait + slower):.2f} of {1e3 * unexplained_s:.2f} ms")
     if wait >= slower:
         return (f"each rank waited {1e3 * wait:.2f} ms a step for the other at the all-reduce "
-                f"(by hand; the all-reduce {1e3 * in_step_s:.2f} ms, alone {1e3 * alone_s:.2f} ms)")
-    return (f"the all-reduce took {1e3 * in_step_s:.2f} ms in a step, {1e3 * alone_s:.2f} ms alone "
+                f"(by hand; all-reduce {1e3 * in_step_s:.2f} ms, timed apart {1e3 * alone_s:.2f} ms)")
+    return (f"the all-reduce took {1e3 * in_step_s:.2f} ms in a step, {1e3 * alone_s:.2f} ms timed apart "
             f"(by hand; the wait for the other rank {1e3 * wait:.2f} ms)")
