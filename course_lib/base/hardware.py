@@ -16,7 +16,7 @@ import torch
 
 from . import machines
 from .errors import CourseError
-from .machines import CLASSES, CPU_CLASSES, GPU_CLASSES, HARDWARE_ENV, HardwareClass, emulated  # noqa: F401
+from .machines import CLASSES, CPU_CLASSES, GPU_CLASSES, HARDWARE_ENV, HardwareClass, cpu_name, emulated  # noqa: F401
 
 CPUINFO = Path("/proc/cpuinfo")
 CPU_BF16_FLAGS = machines.CPU_BF16_FLAGS  # native bf16 (its home: machines, which decides the classes by it)
@@ -142,14 +142,6 @@ def _gpu_info_here() -> dict:
             "gpu_memory_gib": round(props.total_memory / 2**30, 1),
             "compute_capability": f"{props.major}.{props.minor}",
             "bf16_native": torch.cuda.is_bf16_supported(including_emulation=False), "cuda": torch.version.cuda}
-
-
-def cpu_name(model: str) -> str:
-    """A CPU model name as a label shows it: trademarks, 'CPU', 'Processor' and the clock left out ('Intel(R) Xeon(R)
-    CPU @ 2.20GHz' -> 'Intel Xeon'), so every figure's hardware line stays short; the name itself where nothing is
-    left."""
-    short = re.sub(r"\((?:R|TM|tm)\)|\bCPU\b|\bProcessor\b|@\s*[\d.]+\s*GHz", " ", model)
-    return " ".join(short.split()) or model.strip()
 
 
 def _cpu_name() -> str:

@@ -3,6 +3,7 @@ one: COURSE_HARDWARE. Imports nothing from course_lib but errors."""
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 from .errors import CourseError
@@ -94,3 +95,10 @@ def other_class(flags: frozenset[str]) -> str:
     emulated and slower)."""
     return "cpu-avx2" if native_bf16(flags) else "cpu-avx512-bf16"
 
+
+def cpu_name(model: str) -> str:
+    """A CPU model name as a label shows it: trademarks, 'CPU', 'Processor' and the clock left out ('Intel(R) Xeon(R)
+    CPU @ 2.20GHz' -> 'Intel Xeon'), so every figure's hardware line stays short; the name itself where nothing is
+    left."""
+    short = re.sub(r"\((?:R|TM|tm)\)|\bCPU\b|\bProcessor\b|@\s*[\d.]+\s*GHz", " ", model)
+    return " ".join(short.split()) or model.strip()
