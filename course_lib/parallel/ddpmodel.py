@@ -35,7 +35,7 @@ def _broadcast(tensor: torch.Tensor) -> None:
     dist.broadcast(tensor, src=0)
 
 
-def _allreduce_times(net, xs, ys, sizes: tuple[int, ...], calls: int, out: dict, collective=dist.all_reduce) -> dict:
+def _collective_times(net, xs, ys, sizes: tuple[int, ...], calls: int, out: dict, collective=dist.all_reduce) -> dict:
     """`out` (bytes -> [s]) with `calls` more `collective`s (all-reduces unless given) of each size, timed as a step
     meets them: right after this rank's backward, the ranks entering together (a barrier); two untimed calls first set
     up gloo's buffers (once)."""
@@ -99,8 +99,8 @@ def _cost_worker(rank: int, job: Job, sizes: tuple[int, ...], repeats: int, call
         for mode in ("allreduce", "alone", "lockstep", "ddp", "hand") * repeats:  # alone: rank 0 only; the rest: all
             dist.barrier()
             if mode == "allreduce":  # a share of the calls each round: a spell of slow calls weighs as long as it lasts
-                _allreduce_times(net, xs, ys, sizes, -(-calls // repeats), found["allreduce_calls"])
-                _allreduce_times(net, xs, ys, (BROADCAST_BYTES,), -(-calls // repeats), found["broadcast_calls"],
+                _collective_times(net, xs, ys, sizes, -(-calls // repeats), found["allreduce_calls"])
+                _collective_times(net, xs, ys, (BROADCAST_BYTES,), -(-calls // repeats), found["broadcast_calls"],
                                  _broadcast)
             elif mode == "hand":
                 _hand_steps(toy_model(job.model, job.seed), xs, ys, found)

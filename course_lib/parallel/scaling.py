@@ -48,6 +48,8 @@ class CollectiveCounter(L.Callback):
     EVENT = re.compile(r"^(?:gloo|nccl|mpi|ucc):(\w+)$")  # one event per call, on every backend's process group
 
     def __init__(self, warmup: int, steps: int, out: str | Path):
+        if warmup < 1 or steps < 1:  # the profiler starts at the end of the last warm-up step
+            raise ValueError(f"Counting collectives needs warmup >= 1 and steps >= 1, got {warmup} and {steps}.")
         self.warmup, self.steps, self.out, self.seen, self.profiler = warmup, steps, Path(out), 0, None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
@@ -114,16 +116,16 @@ def main(argv: list[str] | None = None) -> None:
     make = lambda: (ImageClassifierModule(a.model), runs.datamodule(  # noqa: E731  (per-process batch size)
         a.lesson, image_folder=config.data_source(a.data), batch_size=a.batch,
         num_workers=a.workers, persistent_workers=a.workers > 0, pin_memory=a.accelerator != "cpu"))
+    strategy = "ddp" if a.devices > 1 else "auto"
     if a.collectives:  # a short profiled fit, apart from any timed one
         module, dm = make()
         count = CollectiveCounter(a.warmup, a.steps, a.out)
         runs.trainer(None, a.precision, **{"max_epochs": None, "max_steps": a.warmup + a.steps, "callbacks": [count],
                                            "accelerator": a.accelerator, "devices": a.devices, "logger": False,
-                                           "enable_checkpointing": False,
-                                           "strategy": "ddp" if a.devices > 1 else "auto"}).fit(module, dm)
+                                           "enable_checkpointing": False, "strategy": strategy}).fit(module, dm)
         return
-    row = measure(make, devices=a.devices, accelerator=a.accelerator, strategy="ddp" if a.devices > 1 else "auto",
-                  warmup=a.warmup, steps=a.steps, precision=a.precision)
+    row = measure(make, devices=a.devices, accelerator=a.accelerator, strategy=strategy, warmup=a.warmup,
+                  steps=a.steps, precision=a.precision)
     if row:
         results.write_json(a.out, row.to_json())
 
