@@ -25,6 +25,7 @@ def shown(path: Path) -> str:
     except ValueError:
         return str(path)
 
+
 def cache_key(split_dir: Path, files: list[Path]) -> tuple[str, str]:
     """(folder id, content key) of a split's cache: a hash of the folder's path, and a hash of the file list with
     sizes and mtimes plus the bytes of CACHE_SAMPLE files, which also catches edits that keep size and mtime."""
@@ -97,8 +98,7 @@ def cached_split(split_dir: Path, files: list[Path], cache_dir: Path, build: Cal
         print(f"Cache {shown(cache)} is {problem}: decoding {shown(split_dir)} again.", flush=True)
     elif superseded:
         print(f"Cache {shown(superseded[0])} is stale (the images in {shown(split_dir)} changed since it was written): "
-              f"decoding "
-              f"them again and removing it.", flush=True)
+              "decoding them again and removing it.", flush=True)
     else:
         print(f"Decoding {len(files):,} images from {shown(split_dir)} once into {shown(cache)} ...", flush=True)
     data = build()

@@ -151,12 +151,10 @@ def measure(world: int = 2, sizes: tuple[int, ...] = SIZES, repeats: int = REPEA
             batch: int = 64, steps: int = 40, calls: int = CALLS) -> Costs:
     """In `world` spawned gloo workers: `calls` all-reduces of each size in bytes and `calls` broadcasts of
     BROADCAST_BYTES (a share in every round), each after a backward of `model` ("allreduce_calls": bytes -> [s],
-    "allreduce_s": their mean, "broadcast_calls": [s]), every rank's plain steps in
-    lockstep ("lockstep_steps"), and rank 0's seconds per training step of `model`: alone and with every rank starting
-    each step with it, no communication ("alone_s", "lockstep_s"), every rank stepping in DDP ("ddp_s"), and a
-    hand-written loop's
-    wait for the other rank and all-reduce per step ("wait_s", "in_step_s"); one figure per round, the loops
-    alternating."""
+    "allreduce_s": their mean, "broadcast_calls": [s]), every rank's plain steps in lockstep ("lockstep_steps"), and
+    rank 0's seconds per training step of `model`: alone and with every rank starting each step with it, no
+    communication ("alone_s", "lockstep_s"), every rank stepping in DDP ("ddp_s"), and a hand-written loop's wait for
+    the other rank and all-reduce per step ("wait_s", "in_step_s"); one figure per round, the loops alternating."""
     with tempfile.TemporaryDirectory() as tmp:
         job = Job(world=world, store=f"{tmp}/store", out=Path(tmp) / "rank0.pt", steps=steps, batch=batch,
                   model=model, seed=0)
@@ -217,8 +215,8 @@ def loop_seconds(counts: dict, bucket_calls: int, latency: dict, default: float)
 @dataclass(frozen=True)
 class Prediction:
     """The modelled DDP step: seconds per part (compute, sharing the cores, all-reduce latency and bytes, the loop's
-    collectives, the slower rank), their sum,
-    the efficiency it predicts (one process's step over the sum), and how many buckets (all-reduce calls) it has."""
+    collectives, the slower rank), their sum, the efficiency it predicts (one process's step over the sum), and how many
+    buckets (all-reduce calls) it has."""
 
     parts: dict
     step_s: float
